@@ -1,0 +1,43 @@
+"""agl: make any AI agent better by training it (GRPO, APO, SFT) with almost no change to its code.
+
+The public names are listed in ``__all__`` and loaded lazily, so ``import agl`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "LLM": "agl.schemas",
+    "Attempt": "agl.schemas",
+    "AttemptStatus": "agl.schemas",
+    "InMemoryLightningStore": "agl.store",
+    "LightningStore": "agl.store",
+    "PromptTemplate": "agl.schemas",
+    "ResourcesVersion": "agl.schemas",
+    "RetryConfig": "agl.schemas",
+    "Rollout": "agl.schemas",
+    "RolloutStatus": "agl.schemas",
+    "Span": "agl.schemas",
+    "SqliteLightningStore": "agl.store",
+    "SyncLightningStore": "agl.store",
+    "open_store": "agl.store",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

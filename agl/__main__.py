@@ -1,0 +1,3 @@
+from agl.cli import main
+
+main()

@@ -1,0 +1,38 @@
+"""The ``agl`` command line: one sub-command group per component (store, gateway, engine, ...).
+
+Each group lives in its own module and is imported only when that group runs, so ``agl --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="agl",
+    help="agl: train any AI agent with RL, prompt optimization and SFT.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+# group name -> (module, help); modules expose a ``app: typer.Typer``
+_GROUPS: dict[str, tuple[str, str]] = {
+    "store": ("agl.cli.store", "Run or inspect a LightningStore."),
+    "gateway": ("agl.cli.gateway", "Run the OpenAI-compatible LLM gateway."),
+    "engine": ("agl.cli.engine", "Serve a local Hugging Face model over the OpenAI protocol."),
+}
+
+for _name, (_module, _help) in _GROUPS.items():
+    try:
+        _sub = importlib.import_module(_module).app
+    except ModuleNotFoundError as exc:
+        if exc.name != _module:
+            raise
+        continue
+    app.add_typer(_sub, name=_name, help=_help)
+
+
+def main() -> None:
+    app()

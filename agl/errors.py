@@ -1,0 +1,83 @@
+"""The one exception tree of agl.
+
+    AglError
+    ├── StoreError
+    │   ├── NotFoundError          an id the store does not know
+    │   ├── InvalidTransitionError a status change the state machine forbids
+    │   ├── ConflictError          a write that clashes with stored state
+    │   │   └── StaleAttemptError  an update from an attempt that no longer owns its rollout
+    │   ├── InvalidSpanError       a span that fails validation
+    │   ├── UnauthorizedError      a missing or wrong token (remote stores)
+    │   └── StoreUnavailableError  the backend or server cannot be reached
+    ├── GatewayError
+    ├── AgentError
+    │   └── NoActiveRolloutError   an emitter called outside a rollout
+    └── ConfigError                bad arguments or a missing optional dependency
+
+Every error carries the ``rollout_id`` and ``attempt_id`` it concerns, when there is one.
+"""
+
+from __future__ import annotations
+
+
+class AglError(Exception):
+    """Root of every error agl raises on purpose."""
+
+    def __init__(self, message: str, *, rollout_id: str | None = None, attempt_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+
+
+class StoreError(AglError):
+    """A LightningStore operation could not be carried out."""
+
+
+class NotFoundError(StoreError):
+    """The store has no object with the given id."""
+
+
+class InvalidTransitionError(StoreError):
+    """The requested status change is not allowed by the state machine."""
+
+
+class ConflictError(StoreError):
+    """The write clashes with what is stored (duplicate id, different content)."""
+
+
+class StaleAttemptError(ConflictError):
+    """An attempt that was superseded (timed out, unresponsive, retried) tried to change its rollout."""
+
+
+class InvalidSpanError(StoreError):
+    """A span failed validation; nothing of the batch was stored."""
+
+
+class UnauthorizedError(StoreError):
+    """The remote store refused the request: missing or wrong bearer token."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store backend or server could not be reached after retries."""
+
+
+class GatewayError(AglError):
+    """The LLM gateway could not serve or record a call."""
+
+
+class AgentError(AglError):
+    """The agent or its runner was used incorrectly."""
+
+
+class NoActiveRolloutError(AgentError):
+    """An emitter was called outside of a rollout and no local-only span was requested."""
+
+
+class ConfigError(AglError):
+    """Invalid configuration, or an optional dependency is missing."""
+
+
+def missing_extra(package: str, extra: str) -> ConfigError:
+    """The error to raise when an optional dependency is not installed."""
+    return ConfigError(f"{package} is not installed; install it with `pip install 'agl[{extra}]'`.")

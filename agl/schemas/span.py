@@ -1,0 +1,127 @@
+"""Spans: OpenTelemetry-shaped records of what happened inside a rollout.
+
+The store assigns ``sequence_id`` (monotonic per rollout), so spans written by many processes order
+without trusting their clocks.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from enum import Enum
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from agl.schemas._base import WireModel
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _check_hex(value: str, length: int, field: str) -> str:
+    if len(value) != length or not set(value) <= _HEX:
+        raise ValueError(f"{field} must be {length} lowercase hex characters, got {value!r}")
+    return value
+
+
+class SpanKind(str, Enum):
+    INTERNAL = "internal"
+    SERVER = "server"
+    CLIENT = "client"
+    PRODUCER = "producer"
+    CONSUMER = "consumer"
+
+
+class StatusCode(str, Enum):
+    UNSET = "unset"
+    OK = "ok"
+    ERROR = "error"
+
+
+class SpanStatus(WireModel):
+    code: StatusCode = StatusCode.UNSET
+    description: str | None = None
+
+
+class SpanEvent(WireModel):
+    name: str
+    time_ns: int
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class SpanLink(WireModel):
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class Span(WireModel):
+    """One finished span of a rollout attempt."""
+
+    rollout_id: str
+    attempt_id: str
+    trace_id: str
+    span_id: str
+    parent_id: str | None = None
+    name: str
+    kind: SpanKind = SpanKind.INTERNAL
+    start_time_ns: int
+    end_time_ns: int
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    events: list[SpanEvent] = Field(default_factory=list)
+    links: list[SpanLink] = Field(default_factory=list)
+    status: SpanStatus = Field(default_factory=SpanStatus)
+    resource: dict[str, Any] = Field(default_factory=dict)
+    sequence_id: int | None = Field(None, ge=0, description="Assigned by the store when absent.")
+
+    @field_validator("trace_id")
+    @classmethod
+    def _trace_hex(cls, v: str) -> str:
+        return _check_hex(v, 32, "trace_id")
+
+    @field_validator("span_id")
+    @classmethod
+    def _span_hex(cls, v: str) -> str:
+        return _check_hex(v, 16, "span_id")
+
+    @field_validator("parent_id")
+    @classmethod
+    def _parent_hex(cls, v: str | None) -> str | None:
+        return None if v is None else _check_hex(v, 16, "parent_id")
+
+    @field_validator("end_time_ns")
+    @classmethod
+    def _not_before_start(cls, v: int, info: Any) -> int:
+        start = info.data.get("start_time_ns")
+        if start is not None and v < start:
+            raise ValueError(f"end_time_ns {v} is before start_time_ns {start}")
+        return v
+
+    @classmethod
+    def new(
+        cls,
+        rollout_id: str,
+        attempt_id: str,
+        name: str,
+        attributes: dict[str, Any] | None = None,
+        *,
+        trace_id: str | None = None,
+        parent_id: str | None = None,
+        start_time_ns: int | None = None,
+        end_time_ns: int | None = None,
+        **fields: Any,
+    ) -> Span:
+        """A span with fresh random ids, stamped now unless times are given."""
+        now = time.time_ns()
+        return cls(
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+            trace_id=trace_id or secrets.token_hex(16),
+            span_id=secrets.token_hex(8),
+            parent_id=parent_id,
+            name=name,
+            start_time_ns=start_time_ns if start_time_ns is not None else now,
+            end_time_ns=end_time_ns if end_time_ns is not None else now,
+            attributes=attributes or {},
+            **fields,
+        )

@@ -1,0 +1,64 @@
+"""Span names and attribute keys agl writes and reads: one vocabulary for gateway, tracer and adapters.
+
+The gateway records each model call as one ``agl.llm.call`` span with the ``LLM_*`` attributes.
+The tracer copies what auto-instrumentation (OpenInference and others) records into the same keys,
+so adapters read one view (:class:`agl.schemas.LLMCall`) whatever produced the span.
+"""
+
+from __future__ import annotations
+
+# ----- span names ----------------------------------------------------------------------------
+SPAN_LLM_CALL = "agl.llm.call"
+SPAN_REWARD = "agl.reward"
+SPAN_MESSAGE = "agl.message"
+SPAN_OBJECT = "agl.object"
+SPAN_EXCEPTION = "agl.exception"
+SPAN_ANNOTATION = "agl.annotation"
+SPAN_OPERATION = "agl.operation"
+SPAN_ROLLOUT = "agl.rollout"
+
+# ----- the LLM call view (values are JSON: objects and lists allowed) -------------------------
+LLM_API = "agl.llm.api"  # "chat.completions" | "completions" | "responses"
+LLM_REQUEST = "agl.llm.request"  # the request body, secrets removed
+LLM_RESPONSE = "agl.llm.response"  # the response body (for streams: the assembled response)
+LLM_REQUEST_MESSAGES = "agl.llm.request.messages"  # list of OpenAI chat messages
+LLM_PROMPT = "agl.llm.prompt"  # text prompt of a completions call
+LLM_RESPONSE_MESSAGE = "agl.llm.response.message"  # {"role", "content", "tool_calls"}
+LLM_TOOL_CALLS = "agl.llm.response.tool_calls"
+LLM_MODEL = "agl.llm.model"
+LLM_BACKEND = "agl.llm.backend"
+LLM_MODEL_VERSION = "agl.llm.model_version"
+LLM_RESPONSE_ID = "agl.llm.response_id"
+LLM_FINISH_REASON = "agl.llm.finish_reason"
+LLM_USAGE = "agl.llm.usage"  # {"prompt_tokens", "completion_tokens", "total_tokens"}
+LLM_LATENCY_MS = "agl.llm.latency_ms"
+LLM_STATUS_CODE = "agl.llm.status_code"
+LLM_ERROR = "agl.llm.error"
+LLM_STREAM = "agl.llm.stream"
+LLM_PROMPT_TOKEN_IDS = "agl.llm.prompt_token_ids"  # list[int], from the engine
+LLM_COMPLETION_TOKEN_IDS = "agl.llm.completion_token_ids"  # list[int], from the engine
+LLM_LOGPROBS = "agl.llm.logprobs"  # list[float], one per completion token, from the engine
+LLM_HAS_TOKEN_IDS = "agl.llm.has_token_ids"  # False when the backend returned none (fail closed)
+LLM_SOURCE = "agl.llm.source"  # "gateway" | "openinference" | ...
+
+# ----- attribution and tags --------------------------------------------------------------------
+ROLLOUT_ID = "agl.rollout_id"
+ATTEMPT_ID = "agl.attempt_id"
+RESOURCES_ID = "agl.resources_id"
+AGENT_NAME = "agl.agent.name"
+TAGS = "agl.tags"
+
+# ----- rewards and other emitted values ------------------------------------------------------
+REWARD_VALUE = "agl.reward.value"  # the primary reward, float
+REWARD_VALUES = "agl.reward.values"  # {name: float}, primary first
+REWARD_PRIMARY_KEY = "agl.reward.primary_key"
+REWARD_RESPONSE_ID = "agl.reward.response_id"  # the LLM response this reward judges (per-call reward)
+MESSAGE_TEXT = "agl.message.text"
+OBJECT_VALUE = "agl.object.value"
+EXCEPTION_TYPE = "agl.exception.type"
+EXCEPTION_MESSAGE = "agl.exception.message"
+EXCEPTION_STACKTRACE = "agl.exception.stacktrace"
+ANNOTATION = "agl.annotation"
+OPERATION_NAME = "agl.operation.name"
+OPERATION_INPUT = "agl.operation.input"
+OPERATION_OUTPUT = "agl.operation.output"
