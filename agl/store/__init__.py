@@ -1,11 +1,46 @@
 """The LightningStore: task queue, versioned resources and spans.
 
 Backends: :class:`InMemoryLightningStore` and :class:`SqliteLightningStore` (the embedded default);
-remote and PostgreSQL backends live beside them. Use :func:`open_store` to pick one by URL.
+remote and PostgreSQL backends live beside them. :func:`open_store` picks one by URL.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
+from agl.errors import ConfigError
 from agl.store.base import LightningStore, Page, StoreStatistics
 from agl.store.memory import InMemoryLightningStore
+from agl.store.sqlite import SqliteLightningStore
 from agl.store.sync import SyncLightningStore
 
-__all__ = ["InMemoryLightningStore", "LightningStore", "Page", "StoreStatistics", "SyncLightningStore"]
+DEFAULT_STORE_URL = "sqlite:///agl-store.db"
+
+
+def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> LightningStore:
+    """A store for ``url``: ``memory://``, ``sqlite:///path.db`` (relative) or ``sqlite:////abs/path.db``.
+
+    Raises:
+        ConfigError: an unknown scheme.
+    """
+    if url.startswith("memory://"):
+        return InMemoryLightningStore(**options)
+    if url.startswith("sqlite://"):
+        path = url.removeprefix("sqlite://")
+        path = path[1:] if path.startswith("/") else path
+        return SqliteLightningStore(path or "agl-store.db", **options)
+    raise ConfigError(
+        f"unknown store URL {url!r}; use memory://, sqlite:///path.db, postgresql://... or http://..."
+    )
+
+
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "InMemoryLightningStore",
+    "LightningStore",
+    "Page",
+    "SqliteLightningStore",
+    "StoreStatistics",
+    "SyncLightningStore",
+    "open_store",
+]

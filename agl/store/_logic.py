@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from agl.errors import ConflictError, InvalidSpanError, StoreError
@@ -113,3 +114,11 @@ def check_same_request(existing: Rollout, req: RolloutCreate) -> Rollout:
             rollout_id=existing.rollout_id,
         )
     return existing
+
+
+def json_dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def json_loads(text: str | bytes) -> Any:
+    return orjson.loads(text)

@@ -81,11 +81,6 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-def span_size(span: Span) -> int:
-    """Bytes the span takes as JSON; what ``span_bytes`` statistics add up."""
-    return len(orjson.dumps(span.model_dump(mode="json")))
-
-
 class CompletionWaiters:
     """Futures waiting for rollouts to finish, woken from any thread or event loop."""
 

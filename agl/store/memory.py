@@ -40,7 +40,6 @@ from agl.store.base import (
     check_limit,
     decode_cursor,
     encode_cursor,
-    span_size,
 )
 from agl.store.states import rollout_status_for_attempt, transition, watchdog_verdict
 
@@ -56,7 +55,7 @@ def _paginate(
     check_limit(limit)
     items = sorted(items, key=key, reverse=descending)
     if cursor is not None:
-        after = tuple(decode_cursor(cursor))
+        after = _freeze(decode_cursor(cursor))
         keys = [key(i) for i in items]
         if descending:
             start = next((n for n, k in enumerate(keys) if k < after), len(items))
@@ -66,6 +65,11 @@ def _paginate(
     page = items[:limit]
     next_cursor = encode_cursor(*key(page[-1])) if len(items) > limit else None
     return Page(items=page, next_cursor=next_cursor)
+
+
+def _freeze(value: Any) -> Any:
+    """JSON arrays back into the tuples the sort keys are made of."""
+    return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 class InMemoryLightningStore(LightningStore):
@@ -366,7 +370,7 @@ class InMemoryLightningStore(LightningStore):
                 self._next_seq[span.rollout_id] = max(seq, span.sequence_id or 0) + 1
                 self._span_keys.add(key)
                 self._spans.setdefault(span.rollout_id, []).append(span)
-                self._span_bytes += span_size(span)
+                self._span_bytes += len(span.model_dump_json())
                 stored.append(span)
                 attempt = self._attempts[span.attempt_id]
                 if not attempt.status.is_terminal:

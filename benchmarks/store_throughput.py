@@ -1,0 +1,185 @@
+"""Store throughput: N concurrent simulated runners against one LightningStore backend.
+
+Each runner loops: dequeue; 1-6 rounds (an agent span with two nested child spans carrying ~6 KB of
+nested attributes, plus a reward span in half the rounds), then a final span and reward, then
+finish the attempt. Attributes come from a pre-generated pool so the store is measured, not the
+random generator. Prints one JSON line; ``--json PATH`` also writes it to a file.
+
+    python benchmarks/store_throughput.py --backend memory
+    python benchmarks/store_throughput.py --backend sqlite --rollouts 1024 --runners 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import resource
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agl.schemas import AttemptStatus, RolloutCreate, Span  # noqa: E402
+from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore  # noqa: E402
+
+
+def attribute_pool(n: int, seed: int, target_bytes: int = 6000) -> list[dict[str, Any]]:
+    """Random nested attribute dicts of about ``target_bytes`` each."""
+    rng = random.Random(seed)
+    pool = []
+    for _ in range(n):
+        attrs: dict[str, Any] = {}
+        size = 0
+        while size < target_bytes:
+            key = f"k{rng.randrange(10**6)}"
+            value = {
+                "text": "".join(rng.choices("abcdefghijklmnopqrstuvwxyz ", k=rng.randrange(50, 200))),
+                "n": rng.random(),
+                "list": [rng.randrange(1000) for _ in range(rng.randrange(1, 10))],
+            }
+            attrs[key] = value
+            size += len(json.dumps(value)) + len(key)
+        pool.append(attrs)
+    return pool
+
+
+class Timings:
+    def __init__(self) -> None:
+        self.ms: dict[str, list[float]] = defaultdict(list)
+
+    async def timed(self, name: str, coro: Any) -> Any:
+        start = time.perf_counter()
+        result = await coro
+        self.ms[name].append((time.perf_counter() - start) * 1000)
+        return result
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for name, values in sorted(self.ms.items()):
+            values.sort()
+            out[name] = {
+                "p50_ms": round(statistics.median(values), 3),
+                "p99_ms": round(values[min(len(values) - 1, int(len(values) * 0.99))], 3),
+                "count": len(values),
+            }
+        return out
+
+
+async def runner(
+    store: LightningStore,
+    name: str,
+    pool: list[dict[str, Any]],
+    rng: random.Random,
+    sleep_s: float,
+    t: Timings,
+) -> tuple[int, int]:
+    rollouts = spans = 0
+    while True:
+        claimed = await t.timed("dequeue", store.dequeue(name))
+        if claimed is None:
+            return rollouts, spans
+        rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+        trace = secrets.token_hex(16)
+        for round_no in range(rng.randint(1, 6)):
+            agent = Span.new(rid, aid, "agent.step", {"round": round_no}, trace_id=trace)
+            batch = [agent]
+            for child in ("llm.call", "tool.call"):
+                batch.append(
+                    Span.new(
+                        rid,
+                        aid,
+                        child,
+                        pool[rng.randrange(len(pool))],
+                        trace_id=trace,
+                        parent_id=agent.span_id,
+                    )
+                )
+            if rng.random() < 0.5:
+                batch.append(
+                    Span.new(rid, aid, "agl.reward", {"agl.reward.value": rng.random()}, trace_id=trace)
+                )
+            if sleep_s:
+                await asyncio.sleep(sleep_s)
+            await t.timed("add_spans", store.add_spans(batch))
+            spans += len(batch)
+        final = [
+            Span.new(rid, aid, "agent.final", {"answer": "42"}, trace_id=trace),
+            Span.new(rid, aid, "agl.reward", {"agl.reward.value": 1.0}, trace_id=trace),
+        ]
+        await t.timed("add_spans", store.add_spans(final))
+        spans += len(final)
+        await t.timed("update_attempt", store.update_attempt(rid, aid, status=AttemptStatus.SUCCEEDED))
+        rollouts += 1
+
+
+def make_store(backend: str, workdir: str) -> LightningStore:
+    if backend == "memory":
+        return InMemoryLightningStore()
+    if backend == "sqlite":
+        return SqliteLightningStore(Path(workdir) / "bench.db")
+    raise SystemExit(f"unknown --backend {backend!r}; use memory or sqlite")
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    pool = attribute_pool(64, args.seed)
+    with tempfile.TemporaryDirectory() as workdir:
+        store = make_store(args.backend, workdir)
+        await store.enqueue_rollouts([RolloutCreate(input={"i": i}) for i in range(args.rollouts)])
+        timings = Timings()
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(
+                runner(store, f"runner-{i}", pool, random.Random(args.seed + i), args.sleep, timings)
+                for i in range(args.runners)
+            )
+        )
+        elapsed = time.perf_counter() - start
+        stats = await store.statistics()
+        await store.aclose()
+    rollouts = sum(r for r, _ in results)
+    spans = sum(s for _, s in results)
+    assert rollouts == args.rollouts and stats.spans == spans, (rollouts, spans, stats)
+    return {
+        "benchmark": "store_throughput",
+        "backend": args.backend,
+        "rollouts": rollouts,
+        "runners": args.runners,
+        "sleep_s": args.sleep,
+        "seconds": round(elapsed, 3),
+        "rollouts_per_s": round(rollouts / elapsed, 1),
+        "spans_per_s": round(spans / elapsed, 1),
+        "span_bytes": stats.span_bytes,
+        "latency": timings.summary(),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backend", default="memory", help="memory or sqlite")
+    parser.add_argument("--rollouts", type=int, default=1024)
+    parser.add_argument("--runners", type=int, default=32)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds an agent sleeps per round")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    line = json.dumps(result)
+    print(line)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
