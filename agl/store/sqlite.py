@@ -1,27 +1,21 @@
 """SQLite LightningStore: the embedded, durable default.
 
-Concurrency model: one connection per store instance, owned by one database thread. Calls from any
-event loop or thread are queued to it, and the thread runs everything queued so far in one
-transaction (group commit), each call in its own savepoint so one failure rolls back only itself.
-Writers take the database lock with ``BEGIN IMMEDIATE``, so several processes may open the same
+Concurrency model: one connection per store instance, owned by one database thread that runs
+queued calls in shared transactions (group commit; see ``_sqlite_thread``). Writers take the database lock with ``BEGIN IMMEDIATE``, so several processes may open the same
 file: a claim (dequeue) is a read-modify-write inside one locked transaction and is never doubled.
 WAL mode keeps readers off the writers' backs; a committed transaction survives a process crash.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import queue
 import sqlite3
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from agl.errors import ConflictError, NotFoundError, StaleAttemptError, StoreError
+from agl.errors import ConflictError, NotFoundError, StaleAttemptError
 from agl.schemas import (
     Attempt,
     AttemptedRollout,
@@ -39,6 +33,7 @@ from agl.schemas import (
 )
 from agl.store import _logic
 from agl.store._sqlite_schema import SCHEMA
+from agl.store._sqlite_thread import GroupCommitThread
 from agl.store.base import (
     Clock,
     LightningStore,
@@ -54,25 +49,6 @@ from agl.store.states import rollout_status_for_attempt, transition, watchdog_ve
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 Conn = sqlite3.Connection
-_MAX_GROUP = 512
-
-
-@dataclass
-class _Op:
-    fn: Callable[[Conn, list[str]], Any]
-    write: bool
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-    finished: list[str] = field(default_factory=list)
-
-
-def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 class SqliteLightningStore(LightningStore):
@@ -107,90 +83,14 @@ class SqliteLightningStore(LightningStore):
         self._conn.execute("PRAGMA foreign_keys=ON")
         with contextlib.suppress(sqlite3.OperationalError):  # another process created it first
             self._conn.executescript(SCHEMA)
-        self._ops: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
-        self._closed = False
-        self._thread = threading.Thread(
-            target=self._db_loop, name=f"agl-sqlite-{Path(self.path).name}", daemon=True
-        )
-        self._thread.start()
-
-    # ----- the database thread ---------------------------------------------------------------
-    def _db_loop(self) -> None:
-        while True:
-            first = self._ops.get()
-            if first is None:
-                break
-            batch = [first]
-            stop = False
-            while len(batch) < _MAX_GROUP:
-                try:
-                    op = self._ops.get_nowait()
-                except queue.Empty:
-                    break
-                if op is None:
-                    stop = True
-                    break
-                batch.append(op)
-            self._run_group(batch)
-            if stop:
-                break
-        self._conn.close()
-
-    def _run_group(self, batch: list[_Op]) -> None:
-        conn = self._conn
-        outcomes: list[tuple[_Op, Any, BaseException | None]] = []
-        try:
-            conn.execute("BEGIN IMMEDIATE" if any(op.write for op in batch) else "BEGIN")
-            for op in batch:
-                outcomes.append(self._run_op(op))
-            conn.execute("COMMIT")
-        except Exception as exc:  # the transaction itself failed: nothing of the group is kept
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            group_error = self._convert(exc)
-            outcomes = [(op, None, group_error) for op in batch]
-        for op, result, error in outcomes:
-            if error is None and op.finished:
-                self._waiters.notify(op.finished)
-            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
-                op.loop.call_soon_threadsafe(_deliver, op.future, result, error)
-
-    def _run_op(self, op: _Op) -> tuple[_Op, Any, BaseException | None]:
-        """One call inside its own savepoint: a failure rolls back only this call."""
-        conn = self._conn
-        conn.execute("SAVEPOINT op")
-        try:
-            result = op.fn(conn, op.finished)
-        except Exception as exc:
-            conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
-            op.finished.clear()
-            return op, None, self._convert(exc)
-        conn.execute("RELEASE op")
-        return op, result, None
-
-    @staticmethod
-    def _convert(exc: Exception) -> Exception:
-        if isinstance(exc, sqlite3.Error):
-            converted = StoreError(f"SQLite error: {exc}")
-            converted.__cause__ = exc
-            return converted
-        return exc
+        self._db = GroupCommitThread(self._conn, f"agl-sqlite-{Path(self.path).name}", self._waiters.notify)
 
     async def _call(self, fn: Callable[[Conn, list[str]], R], *, write: bool = True) -> R:
-        if self._closed:
-            raise StoreError(f"the SQLite store {self.path} is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[R] = loop.create_future()
-        self._ops.put(_Op(fn, write, loop, future))
-        return await future
+        return await self._db.call(fn, write=write)
 
     async def aclose(self) -> None:
         await super().aclose()
-        if not self._closed:
-            self._closed = True
-            self._ops.put(None)
-            await asyncio.to_thread(self._thread.join, 30)
+        await self._db.close()
 
     # ----- row helpers (database thread only) -----------------------------------------------
     @staticmethod

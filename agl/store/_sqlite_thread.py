@@ -1,0 +1,131 @@
+"""Group commit for SQLite: one thread owns the connection and runs queued calls in shared transactions.
+
+Calls from any event loop or thread are queued; the thread takes everything queued so far and runs
+it in one transaction (``BEGIN IMMEDIATE`` when any call writes), each call in its own savepoint so
+a failing call rolls back only itself. Results are handed back to each caller's loop after COMMIT,
+so nobody sees a write acknowledged before it is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from agl.errors import StoreError
+
+R = TypeVar("R")
+Conn = sqlite3.Connection
+Call = Callable[[Conn, list[str]], Any]
+_MAX_GROUP = 512
+
+
+@dataclass
+class _Op:
+    fn: Call
+    write: bool
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    finished: list[str] = field(default_factory=list)  # rollout ids the call finished
+
+
+def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _convert(exc: Exception) -> Exception:
+    if isinstance(exc, sqlite3.Error):
+        converted = StoreError(f"SQLite error: {exc}")
+        converted.__cause__ = exc
+        return converted
+    return exc
+
+
+class GroupCommitThread:
+    """Owns ``conn``; ``await call(fn)`` runs ``fn(conn, finished)`` on the thread and returns its result.
+
+    ``on_finished`` is called after COMMIT with the rollout ids a call appended to ``finished``.
+    """
+
+    def __init__(self, conn: Conn, name: str, on_finished: Callable[[Iterable[str]], None]) -> None:
+        self._conn = conn
+        self._on_finished = on_finished
+        self._ops: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self.closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    async def call(self, fn: Callable[[Conn, list[str]], R], *, write: bool = True) -> R:
+        if self.closed:
+            raise StoreError("the SQLite store is closed; open a new one")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[R] = loop.create_future()
+        self._ops.put(_Op(fn, write, loop, future))
+        return await future
+
+    async def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._ops.put(None)
+            await asyncio.to_thread(self._thread.join, 30)
+
+    def _loop(self) -> None:
+        stop = False
+        while not stop:
+            first = self._ops.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < _MAX_GROUP:
+                try:
+                    op = self._ops.get_nowait()
+                except queue.Empty:
+                    break
+                if op is None:
+                    stop = True
+                    break
+                batch.append(op)
+            self._run_group(batch)
+        self._conn.close()
+
+    def _run_group(self, batch: list[_Op]) -> None:
+        conn = self._conn
+        outcomes: list[tuple[_Op, Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE" if any(op.write for op in batch) else "BEGIN")
+            for op in batch:
+                outcomes.append(self._run_op(op))
+            conn.execute("COMMIT")
+        except Exception as exc:  # the transaction itself failed: nothing of the group is kept
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            group_error = _convert(exc)
+            outcomes = [(op, None, group_error) for op in batch]
+        for op, result, error in outcomes:
+            if error is None and op.finished:
+                self._on_finished(op.finished)
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
+                op.loop.call_soon_threadsafe(_deliver, op.future, result, error)
+
+    def _run_op(self, op: _Op) -> tuple[_Op, Any, BaseException | None]:
+        conn = self._conn
+        conn.execute("SAVEPOINT op")
+        try:
+            result = op.fn(conn, op.finished)
+        except Exception as exc:
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            op.finished.clear()
+            return op, None, _convert(exc)
+        conn.execute("RELEASE op")
+        return op, result, None
