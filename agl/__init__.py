@@ -11,6 +11,19 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "APO": "agl.algorithm.apo",
+    "APOConfig": "agl.algorithm.apo",
+    "CommandAgent": "agl.agent",
+    "LitAgent": "agl.agent",
+    "Runner": "agl.runner",
+    "emit_annotation": "agl.emit",
+    "emit_exception": "agl.emit",
+    "emit_message": "agl.emit",
+    "emit_object": "agl.emit",
+    "emit_reward": "agl.emit",
+    "instrument": "agl.tracer",
+    "operation": "agl.emit",
+    "rollout": "agl.agent",
     "LLM": "agl.schemas",
     "Attempt": "agl.schemas",
     "AttemptStatus": "agl.schemas",

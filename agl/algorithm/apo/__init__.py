@@ -1,0 +1,15 @@
+"""APO: prompt optimization by critique-and-edit with beam search."""
+
+from agl.algorithm.apo.apo import APO, APOConfig, APOResult, Candidate, apo_history
+from agl.algorithm.apo.trajectories import Trajectory, load_trajectories, render_trajectories
+
+__all__ = [
+    "APO",
+    "APOConfig",
+    "APOResult",
+    "Candidate",
+    "Trajectory",
+    "apo_history",
+    "load_trajectories",
+    "render_trajectories",
+]

@@ -1,0 +1,344 @@
+"""The Runner: claims rollouts from a store, runs the agent on each inside its rollout context, reports back.
+
+Concurrency model: one asyncio loop; up to ``max_concurrency`` attempts at once, each an asyncio task
+with its own ``contextvars`` context; sync agents run on a thread pool. Each attempt has a heartbeat
+task; a heartbeat that finds the attempt superseded or the rollout cancelled cancels the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl.agent.base import LitAgent, scoped_llm
+from agl.emit import emit_exception, emit_reward
+from agl.errors import AglError, StaleAttemptError
+from agl.schemas import (
+    LLM,
+    AttemptedRollout,
+    AttemptStatus,
+    Resource,
+    ResourcesVersion,
+    Rollout,
+    RolloutCreate,
+    RolloutStatus,
+    Span,
+    new_id,
+)
+from agl.store.base import LightningStore
+from agl.tracer.context import RolloutContext, rollout_context
+
+log = logging.getLogger(__name__)
+
+Hook = Callable[..., Awaitable[None] | None]
+
+
+@dataclass
+class RunnerHooks:
+    """Callbacks around each attempt; each gets ``(ctx)`` (``on_rollout_end`` also the outcome) and may be async."""
+
+    on_rollout_start: Hook | None = None
+    on_trace_start: Hook | None = None
+    on_trace_end: Hook | None = None
+    on_rollout_end: Hook | None = None
+
+
+@dataclass
+class AttemptOutcome:
+    """How one attempt ended, as the runner reported it to the store."""
+
+    rollout_id: str
+    attempt_id: str
+    status: AttemptStatus
+    reward: float | None = None
+    error: str | None = None
+    spans: int = 0
+
+
+@dataclass
+class _Stats:
+    finished: int = 0
+    outcomes: list[AttemptOutcome] = field(default_factory=list)
+
+
+async def _call_hook(hook: Hook | None, *args: Any) -> None:
+    if hook is None:
+        return
+    try:
+        result = hook(*args)
+        if asyncio.iscoroutine(result):
+            await result
+    except Exception:
+        log.exception("runner hook %r failed; continuing", hook)
+
+
+class Runner:
+    """Runs an agent over the rollouts of a store.
+
+    Args:
+        agent: a ``LitAgent`` (``@agl.rollout`` functions are ones).
+        store: any LightningStore, in-process or remote.
+        max_concurrency: attempts run at once in this process.
+        heartbeat_interval_s: how often a running attempt tells the store it is alive.
+        poll_interval_s: back-off between dequeues when the queue is empty.
+        shutdown_grace_s: on SIGINT/SIGTERM, how long in-flight attempts may finish before they are failed.
+    """
+
+    def __init__(
+        self,
+        agent: LitAgent,
+        store: LightningStore,
+        *,
+        max_concurrency: int = 1,
+        worker_id: str | None = None,
+        heartbeat_interval_s: float = 5.0,
+        poll_interval_s: float = 0.05,
+        max_poll_interval_s: float = 1.0,
+        shutdown_grace_s: float = 10.0,
+        flush_every: int = 64,
+        hooks: RunnerHooks | None = None,
+    ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.agent = agent
+        self.store = store
+        self.max_concurrency = max_concurrency
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w', 3)}"
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.poll_interval_s = poll_interval_s
+        self.max_poll_interval_s = max_poll_interval_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.flush_every = flush_every
+        self.hooks = hooks or RunnerHooks()
+        self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="agl-agent")
+        self._stopping: asyncio.Event | None = None  # created on the running loop
+        self._resources_cache: dict[str, ResourcesVersion] = {}
+        self.stats = _Stats()
+
+    # ----- the claim loop ------------------------------------------------------------------
+    async def run(
+        self, max_rollouts: int | None = None, *, stop_when_idle: bool = False
+    ) -> list[AttemptOutcome]:
+        """Claim and run rollouts until stopped, ``max_rollouts`` are done, or (``stop_when_idle``) the queue is empty."""
+        self._stopping = asyncio.Event()
+        await self.store.update_worker(
+            self.worker_id, host={"hostname": socket.gethostname(), "pid": os.getpid()}
+        )
+        self._install_signal_handlers()
+        slots = asyncio.Semaphore(self.max_concurrency)
+        tasks: set[asyncio.Task[AttemptOutcome]] = set()
+        claimed = 0
+        delay = self.poll_interval_s
+        try:
+            while not self._stopping.is_set() and (max_rollouts is None or claimed < max_rollouts):
+                await slots.acquire()
+                if self._stopping.is_set():
+                    slots.release()
+                    break
+                attempt = await self.store.dequeue(self.worker_id)
+                if attempt is None:
+                    slots.release()
+                    if stop_when_idle and not tasks:
+                        break
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), delay)
+                    delay = min(delay * 2, self.max_poll_interval_s)
+                    continue
+                delay = self.poll_interval_s
+                claimed += 1
+                task = asyncio.create_task(self._run_attempt(attempt))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                task.add_done_callback(lambda _: slots.release())
+            await self._drain(tasks)
+        finally:
+            self._remove_signal_handlers()
+        return list(self.stats.outcomes)
+
+    async def _drain(self, tasks: set[asyncio.Task[AttemptOutcome]]) -> None:
+        """Let in-flight attempts finish; past the grace period (when stopping) cancel them."""
+        if not tasks:
+            return
+        timeout = self.shutdown_grace_s if self._stopping is not None and self._stopping.is_set() else None
+        _, pending = await asyncio.wait(set(tasks), timeout=timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight attempts get ``shutdown_grace_s`` to finish."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    def run_sync(
+        self, max_rollouts: int | None = None, *, stop_when_idle: bool = False
+    ) -> list[AttemptOutcome]:
+        """Blocking :meth:`run` for scripts."""
+        return asyncio.run(self.run(max_rollouts, stop_when_idle=stop_when_idle))
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _remove_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        log.warning(
+            "runner %s got signal %d: finishing in-flight attempts, claiming no more", self.worker_id, sig
+        )
+        self.stop()
+
+    # ----- one attempt ---------------------------------------------------------------------
+    async def step(
+        self, rollout_input: Any, *, mode: str = "train", resources_id: str | None = None
+    ) -> AttemptOutcome:
+        """Run one rollout now, bypassing the queue (online use); returns its outcome."""
+        attempt = await self.store.start_rollout(
+            RolloutCreate(input=rollout_input, mode=mode, resources_id=resources_id), worker_id=self.worker_id
+        )
+        return await self._run_attempt(attempt)
+
+    async def _resources(self, rollout: Rollout) -> ResourcesVersion | None:
+        if rollout.resources_id is None:
+            return None
+        cached = self._resources_cache.get(rollout.resources_id)
+        if cached is None:
+            cached = await self.store.get_resources(rollout.resources_id)
+            self._resources_cache[rollout.resources_id] = cached
+        return cached
+
+    async def _run_attempt(self, claimed: AttemptedRollout) -> AttemptOutcome:
+        rollout, attempt = claimed.rollout, claimed.attempt
+        version = await self._resources(rollout)
+        resources: dict[str, Resource] = {
+            name: scoped_llm(r, rollout.rollout_id, attempt.attempt_id) if isinstance(r, LLM) else r
+            for name, r in (version.resources if version else {}).items()
+        }
+        ctx = RolloutContext(rollout=rollout, attempt=attempt, resources=version, agent_name=self.agent.name)
+        await _call_hook(self.hooks.on_rollout_start, ctx)
+        outcome = await self._execute(ctx, resources)
+        self.stats.outcomes.append(outcome)
+        self.stats.finished += 1
+        await _call_hook(self.hooks.on_rollout_end, ctx, outcome)
+        return outcome
+
+    async def _execute(self, ctx: RolloutContext, resources: dict[str, Resource]) -> AttemptOutcome:
+        rid, aid = ctx.rollout_id, ctx.attempt_id
+        with rollout_context(ctx):
+            agent_task = asyncio.ensure_future(self._traced(ctx, resources))
+        heartbeat = asyncio.create_task(self._heartbeat(ctx, agent_task))
+        flusher = asyncio.create_task(self._flush_periodically(ctx))
+        status, error, reward = AttemptStatus.SUCCEEDED, None, None
+        try:
+            result = await asyncio.wait_for(agent_task, ctx.rollout.retry.timeout_s)
+            with rollout_context(ctx):
+                reward = self._record_result(ctx, result)
+        except asyncio.TimeoutError:
+            status, error = (
+                AttemptStatus.TIMEOUT,
+                f"the agent ran past timeout_s={ctx.rollout.retry.timeout_s}",
+            )
+        except asyncio.CancelledError:
+            if not heartbeat.done() and not ctx.extra.get("superseded"):
+                status, error = AttemptStatus.FAILED, "runner shut down before the agent finished"
+            else:
+                status, error = AttemptStatus.FAILED, ctx.extra.get("superseded", "cancelled")
+        except Exception as exc:
+            status, error = AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}"
+            with rollout_context(ctx):
+                emit_exception(exc)
+        finally:
+            heartbeat.cancel()
+            flusher.cancel()
+        spans = await self._flush(ctx)
+        if not ctx.extra.get("superseded"):
+            try:
+                await self.store.update_attempt(rid, aid, status=status, error=error)
+            except StaleAttemptError as exc:
+                log.info("attempt %s was superseded before it reported: %s", aid, exc)
+            except AglError:
+                log.exception("could not report attempt %s of rollout %s as %s", aid, rid, status.value)
+        return AttemptOutcome(rid, aid, status, reward=reward, error=error, spans=spans)
+
+    async def _traced(self, ctx: RolloutContext, resources: dict[str, Resource]) -> Any:
+        await _call_hook(self.hooks.on_trace_start, ctx)
+        try:
+            return await self.agent.execute(ctx.rollout, resources, self._executor)
+        finally:
+            await _call_hook(self.hooks.on_trace_end, ctx)
+
+    @staticmethod
+    def _record_result(ctx: RolloutContext, result: Any) -> float | None:
+        """A returned number becomes the final reward span; returned spans are stored as they are."""
+        if result is None:
+            return _last_reward(ctx)
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            emit_reward(float(result))
+            return float(result)
+        if isinstance(result, list) and all(isinstance(s, Span) for s in result):
+            for span in result:
+                ctx.buffer.add(
+                    span.model_copy(update={"rollout_id": ctx.rollout_id, "attempt_id": ctx.attempt_id})
+                )
+            return _last_reward(ctx)
+        raise TypeError(
+            f"an agent returns None, a float reward or a list of spans, not {type(result).__name__}"
+        )
+
+    async def _heartbeat(self, ctx: RolloutContext, agent_task: asyncio.Future[Any]) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            try:
+                rollout = await self.store.heartbeat(ctx.rollout_id, ctx.attempt_id)
+            except StaleAttemptError as exc:
+                ctx.extra["superseded"] = str(exc)
+                agent_task.cancel()
+                return
+            except AglError:
+                log.warning("heartbeat for attempt %s failed; will retry", ctx.attempt_id, exc_info=True)
+                continue
+            if rollout.status == RolloutStatus.CANCELLED:
+                ctx.extra["superseded"] = "rollout cancelled"
+                agent_task.cancel()
+                return
+
+    async def _flush_periodically(self, ctx: RolloutContext) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            if len(ctx.buffer) >= self.flush_every:
+                await self._flush(ctx)
+
+    async def _flush(self, ctx: RolloutContext) -> int:
+        spans = ctx.buffer.take()
+        if not spans:
+            return 0
+        try:
+            await self.store.add_spans(spans)
+        except AglError:
+            log.exception("could not store %d spans of attempt %s; they are lost", len(spans), ctx.attempt_id)
+            return 0
+        return len(spans)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _last_reward(ctx: RolloutContext) -> float | None:
+    """The primary value of the last reward the agent emitted in this attempt, if any."""
+    value = ctx.extra.get("last_reward")
+    return None if value is None else float(value)

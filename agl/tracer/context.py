@@ -1,0 +1,94 @@
+"""The active rollout, carried in a ContextVar, and the buffer its spans collect in.
+
+Concurrency model: each rollout runs in its own ``contextvars`` context, so emitters and
+instrumentation in concurrent rollouts (tasks or threads) never mix. The buffer is thread-safe;
+the runner flushes it into the store while the rollout runs and once more when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agl.errors import NoActiveRolloutError
+from agl.schemas import Attempt, ResourcesVersion, Rollout, Span
+
+log = logging.getLogger(__name__)
+
+
+class SpanBuffer:
+    """Finished spans of one attempt waiting to be written to the store, bounded in size."""
+
+    def __init__(self, max_spans: int = 100_000) -> None:
+        self._lock = threading.Lock()
+        self._spans: list[Span] = []
+        self.max_spans = max_spans
+        self.dropped = 0
+
+    def add(self, span: Span) -> None:
+        with self._lock:
+            if len(self._spans) >= self.max_spans:
+                if self.dropped == 0:
+                    log.warning("span buffer full (%d spans); dropping new spans", self.max_spans)
+                self.dropped += 1
+                return
+            self._spans.append(span)
+
+    def take(self) -> list[Span]:
+        with self._lock:
+            spans, self._spans = self._spans, []
+            return spans
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._spans)
+
+
+@dataclass
+class RolloutContext:
+    """What code running inside a rollout may know about it."""
+
+    rollout: Rollout
+    attempt: Attempt
+    resources: ResourcesVersion | None = None
+    buffer: SpanBuffer = field(default_factory=SpanBuffer)
+    trace_id: str | None = None
+    agent_name: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rollout_id(self) -> str:
+        return self.rollout.rollout_id
+
+    @property
+    def attempt_id(self) -> str:
+        return self.attempt.attempt_id
+
+
+_current: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar("agl_rollout", default=None)
+
+
+def current_rollout(required: bool = True) -> RolloutContext | None:
+    """The rollout the calling code runs in; raises NoActiveRolloutError if none and ``required``."""
+    ctx = _current.get()
+    if ctx is None and required:
+        raise NoActiveRolloutError(
+            "no rollout is active here: emitters work inside an agent run by agl (Runner, Trainer.dev); "
+            "pass local=True to record a local-only span instead"
+        )
+    return ctx
+
+
+@contextlib.contextmanager
+def rollout_context(ctx: RolloutContext) -> Iterator[RolloutContext]:
+    """Make ``ctx`` the active rollout for the code inside the block."""
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)

@@ -1,0 +1,69 @@
+"""Auto-instrumentation: the maintained OpenInference instrumentors, wired to agl's TracerProvider."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+
+from agl.errors import missing_extra
+from agl.tracer.otel import tracer_provider
+
+log = logging.getLogger(__name__)
+
+_INSTRUMENTORS = {
+    "openai": (
+        "openinference.instrumentation.openai",
+        "OpenAIInstrumentor",
+        "openinference-instrumentation-openai",
+    ),
+    "langchain": (
+        "openinference.instrumentation.langchain",
+        "LangChainInstrumentor",
+        "openinference-instrumentation-langchain",
+    ),
+    "litellm": (
+        "openinference.instrumentation.litellm",
+        "LiteLLMInstrumentor",
+        "openinference-instrumentation-litellm",
+    ),
+}
+_lock = threading.Lock()
+_active: dict[str, object] = {}
+
+
+def instrument(*libraries: str, required: bool = False) -> list[str]:
+    """Instrument the named libraries (default: every one installed); returns those now instrumented.
+
+    Raises:
+        ConfigError: ``required`` and an instrumentor (or its library) is not installed.
+    """
+    names = libraries or tuple(_INSTRUMENTORS)
+    done = []
+    with _lock:
+        for name in names:
+            if name in _active:
+                done.append(name)
+                continue
+            if name not in _INSTRUMENTORS:
+                raise ValueError(f"unknown library {name!r}; agl instruments {sorted(_INSTRUMENTORS)}")
+            module, cls, package = _INSTRUMENTORS[name]
+            try:
+                instrumentor = getattr(importlib.import_module(module), cls)()
+                instrumentor.instrument(tracer_provider=tracer_provider())
+            except ImportError as exc:
+                if required:
+                    raise missing_extra(package, "integrations") from exc
+                log.debug("not instrumenting %s: %s", name, exc)
+                continue
+            _active[name] = instrumentor
+            done.append(name)
+    return done
+
+
+def uninstrument() -> None:
+    """Undo :func:`instrument` (tests use it to measure the overhead)."""
+    with _lock:
+        for instrumentor in _active.values():
+            instrumentor.uninstrument()  # type: ignore[attr-defined]
+        _active.clear()
