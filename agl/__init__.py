@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     "CommandAgent": "agl.agent",
     "LitAgent": "agl.agent",
     "Runner": "agl.runner",
+    "Trainer": "agl.trainer",
     "emit_annotation": "agl.emit",
     "emit_exception": "agl.emit",
     "emit_message": "agl.emit",

@@ -25,7 +25,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 CATALOG_CENTS = {f"item-{i}": 100 * (3 + (i * 7) % 11) + 25 * (i % 4) for i in range(200)}
@@ -235,10 +235,30 @@ def _error(message: str, param: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
 
 
+async def _sse(completion: dict[str, Any]) -> Any:
+    """The completion as OpenAI stream chunks: role, content word by word, tool calls, finish, usage."""
+    choice = completion["choices"][0]
+    message = choice["message"]
+    base = {"id": completion["id"], "object": "chat.completion.chunk", "model": completion["model"]}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        body = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(body)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    for n, word in enumerate(str(message.get("content") or "").split(" ")):
+        yield chunk({"content": word if n == 0 else " " + word})
+    for index, call in enumerate(message.get("tool_calls") or []):
+        yield chunk({"tool_calls": [{"index": index, **call}]})
+    yield chunk({}, choice["finish_reason"])
+    yield f"data: {json.dumps({**base, 'choices': [], 'usage': completion['usage']})}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def simulated_lm_app(model: SimulatedLM) -> Starlette:
     """The ASGI app: ``POST /v1/chat/completions`` and ``GET /v1/models``."""
 
-    async def chat(request: Request) -> JSONResponse:
+    async def chat(request: Request) -> Response:
         try:
             body = await request.json()
         except ValueError:
@@ -246,6 +266,8 @@ def simulated_lm_app(model: SimulatedLM) -> Starlette:
         if not isinstance(body, dict):
             return JSONResponse(_error("the body must be a JSON object", None), status_code=400)
         status, payload = model.respond(body)
+        if status == 200 and body.get("stream"):
+            return StreamingResponse(_sse(payload), media_type="text/event-stream")
         return JSONResponse(payload, status_code=status)
 
     async def models(request: Request) -> JSONResponse:

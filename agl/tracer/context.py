@@ -11,7 +11,7 @@ import contextlib
 import contextvars
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,15 +22,19 @@ log = logging.getLogger(__name__)
 
 
 class SpanBuffer:
-    """Finished spans of one attempt waiting to be written to the store, bounded in size."""
+    """Finished spans of one attempt waiting to be written to the store, bounded in size.
+
+    An entry may be a zero-argument callable that builds the span: instrumentation hands over raw
+    OpenTelemetry spans that way, so their conversion runs at flush time, off the agent's call path.
+    """
 
     def __init__(self, max_spans: int = 100_000) -> None:
         self._lock = threading.Lock()
-        self._spans: list[Span] = []
+        self._spans: list[Span | Callable[[], Span]] = []
         self.max_spans = max_spans
         self.dropped = 0
 
-    def add(self, span: Span) -> None:
+    def add(self, span: Span | Callable[[], Span]) -> None:
         with self._lock:
             if len(self._spans) >= self.max_spans:
                 if self.dropped == 0:
@@ -41,8 +45,21 @@ class SpanBuffer:
 
     def take(self) -> list[Span]:
         with self._lock:
-            spans, self._spans = self._spans, []
-            return spans
+            pending, self._spans = self._spans, []
+        spans = []
+        for item in pending:
+            if isinstance(item, Span):
+                spans.append(item)
+                continue
+            try:
+                spans.append(item())
+            except Exception:  # telemetry must never break the agent
+                if self.dropped == 0:
+                    log.exception(
+                        "could not convert a traced span; dropping it (further drops are only counted)"
+                    )
+                self.dropped += 1
+        return spans
 
     def __len__(self) -> int:
         with self._lock:

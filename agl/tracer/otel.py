@@ -7,6 +7,7 @@ raises into the agent: a failure is logged once and counted.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -98,7 +99,6 @@ class RolloutSpanProcessor(SpanProcessor):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[int, RolloutContext] = {}
-        self.dropped = 0
         self.converted = 0
 
     def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
@@ -118,15 +118,8 @@ class RolloutSpanProcessor(SpanProcessor):
             ctx = self._open.pop(span_context.span_id, None)
         if ctx is None:
             return  # started outside any rollout
-        try:
-            ctx.buffer.add(to_agl_span(span, ctx))
-            self.converted += 1
-        except Exception:  # telemetry must never break the agent
-            if self.dropped == 0:
-                log.exception(
-                    "could not convert span %r; dropping it (further drops are only counted)", span.name
-                )
-            self.dropped += 1
+        ctx.buffer.add(functools.partial(to_agl_span, span, ctx))
+        self.converted += 1
 
     def shutdown(self) -> None:
         with self._lock:

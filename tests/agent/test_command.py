@@ -1,0 +1,108 @@
+"""External-program agents: a shell script with curl, stdout rewards, exit codes, timeouts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import agl
+from agl import semconv as sc
+from agl.errors import AgentError
+from agl.schemas import LLM, AttemptStatus, RetryConfig
+from agl.store import InMemoryLightningStore
+
+pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl for the shell agent")
+
+
+def _script(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "agent.sh"
+    path.write_text("#!/bin/sh\nset -e\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+async def _run_one(agent: agl.CommandAgent, task: object, **retry: float) -> tuple[object, list]:  # type: ignore[type-arg]
+    store = InMemoryLightningStore()
+    await store.add_resources({"llm": LLM(endpoint="http://127.0.0.1:9/rollout/{rollout_id}/v1", model="m")})
+    rollout = await store.enqueue_rollout(task, retry=RetryConfig(**retry))  # type: ignore[arg-type]
+    (outcome,) = await agl.Runner(agent, store).run(max_rollouts=1)
+    return outcome, (await store.query_spans(rollout_id=rollout.rollout_id)).items
+
+
+async def test_shell_agent_posts_reward_with_curl(tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        """
+        task=$(cat)
+        echo "task=$task base=$OPENAI_BASE_URL rollout=$AGL_ROLLOUT_ID" >&2
+        curl -sf -X POST -H 'Content-Type: application/json' -d '{"reward": 0.75}' "$AGL_REWARD_URL" > /dev/null
+        """,
+    )
+    outcome, spans = await _run_one(agl.CommandAgent([str(script)]), {"q": 1})
+    assert outcome.status == AttemptStatus.SUCCEEDED, outcome.error  # type: ignore[attr-defined]
+    (command,) = [s for s in spans if s.name == "agl.command"]
+    stderr = command.attributes["agl.command.stderr"]
+    assert 'task={"q": 1}' in stderr and f"rollout={outcome.rollout_id}" in stderr  # type: ignore[attr-defined]
+    assert f"/rollout/{outcome.rollout_id}/v1" in stderr  # type: ignore[attr-defined]
+    (reward,) = [s for s in spans if s.name == sc.SPAN_REWARD]
+    assert reward.attributes[sc.REWARD_VALUE] == 0.75
+
+
+async def test_reward_from_final_stdout_line_and_task_file(tmp_path: Path) -> None:
+    script = _script(tmp_path, 'cat "$AGL_TASK_FILE" >&2\necho "thinking"\necho \'{"reward": 1.0}\'\n')
+    outcome, spans = await _run_one(agl.CommandAgent([str(script)], task_via="file"), [1, 2])
+    assert outcome.reward == 1.0  # type: ignore[attr-defined]
+    (command,) = [s for s in spans if s.name == "agl.command"]
+    assert command.attributes["agl.command.stderr"] == "[1, 2]"
+
+
+async def test_nonzero_exit_fails_with_stderr(tmp_path: Path) -> None:
+    script = _script(tmp_path, "echo 'tool exploded' >&2\nexit 3\n")
+    outcome, _ = await _run_one(agl.CommandAgent([str(script)]), None)
+    assert outcome.status == AttemptStatus.FAILED  # type: ignore[attr-defined]
+    assert "code 3" in outcome.error and "tool exploded" in outcome.error  # type: ignore[attr-defined]
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    marker = tmp_path / "child.pid"
+    script = _script(tmp_path, f"sleep 60 &\necho $! > {marker}\nwait\n")
+    started = time.monotonic()
+    outcome, _ = await _run_one(agl.CommandAgent([str(script)]), None, timeout_s=0.5)
+    assert outcome.status == AttemptStatus.TIMEOUT and time.monotonic() - started < 10  # type: ignore[attr-defined]
+    child = int(marker.read_text())
+    time.sleep(0.2)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    """Running, as opposed to gone or a zombie waiting for a reaper that this sandbox may lack."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"
+
+
+async def test_bad_reward_post_gets_400(tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        """
+        code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -d 'not json' "$AGL_REWARD_URL")
+        echo "{\\"reward\\": $([ "$code" = 400 ] && echo 1 || echo 0)}"
+        """,
+    )
+    outcome, _ = await _run_one(agl.CommandAgent([str(script)]), None)
+    assert outcome.reward == 1.0  # type: ignore[attr-defined]
+
+
+def test_command_agent_validates_arguments() -> None:
+    with pytest.raises(AgentError, match="needs a command"):
+        agl.CommandAgent([])
+    with pytest.raises(AgentError, match="task_via"):
+        agl.CommandAgent(["x"], task_via="pipe")

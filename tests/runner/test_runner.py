@@ -1,0 +1,295 @@
+"""The Runner: isolation under concurrency, failures, timeouts, heartbeats, cancellation, shutdown, hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agl
+from agl import semconv as sc
+from agl.schemas import (
+    LLM,
+    AttemptStatus,
+    PromptTemplate,
+    RetryConfig,
+    Rollout,
+    RolloutCreate,
+    RolloutStatus,
+    Span,
+)
+from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+
+
+async def _run(agent: Any, store: LightningStore, n: int, **kwargs: Any) -> list[Any]:
+    runner = agl.Runner(agent, store, poll_interval_s=0.01, **kwargs)
+    return await runner.run(max_rollouts=n)
+
+
+async def _spans(store: LightningStore, rollout_id: str) -> list[Span]:
+    return (await store.query_spans(rollout_id=rollout_id)).items
+
+
+async def test_100_concurrent_rollouts_keep_their_spans_apart() -> None:
+    store = InMemoryLightningStore()
+
+    @agl.rollout
+    async def agent(task: dict[str, int]) -> float:
+        for step in range(3):
+            await asyncio.sleep(random.random() / 100)
+            agl.emit_object({"task": task["i"], "step": step})
+        return float(task["i"])
+
+    created = await store.enqueue_rollouts([RolloutCreate(input={"i": i}) for i in range(100)])
+    outcomes = await _run(agent, store, 100, max_concurrency=100)
+    assert len(outcomes) == 100 and all(o.status == AttemptStatus.SUCCEEDED for o in outcomes)
+    for rollout in created:
+        spans = await _spans(store, rollout.rollout_id)
+        objects = [s.attributes[sc.OBJECT_VALUE]["task"] for s in spans if s.name == sc.SPAN_OBJECT]
+        rewards = [s.attributes[sc.REWARD_VALUE] for s in spans if s.name == sc.SPAN_REWARD]
+        assert objects == [rollout.input["i"]] * 3 and rewards == [float(rollout.input["i"])]
+
+
+async def test_sync_agents_run_on_threads_without_mixing() -> None:
+    store = InMemoryLightningStore()
+
+    @agl.rollout
+    def agent(task: int) -> None:
+        time.sleep(0.01)
+        agl.emit_reward(float(task))
+
+    created = await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(20)])
+    outcomes = await _run(agent, store, 20, max_concurrency=8)
+    assert {o.reward for o in outcomes} == {float(i) for i in range(20)}
+    for rollout in created:
+        (reward,) = await _spans(store, rollout.rollout_id)
+        assert reward.attributes[sc.REWARD_VALUE] == float(rollout.input)
+
+
+async def test_resources_are_injected_by_name_and_type() -> None:
+    store = InMemoryLightningStore()
+    await store.add_resources(
+        {
+            "main": LLM(endpoint="http://gw/rollout/{rollout_id}/attempt/{attempt_id}/v1", model="m"),
+            "system": PromptTemplate(template="Be {tone}."),
+        }
+    )
+    seen: dict[str, Any] = {}
+
+    @agl.rollout
+    def agent(task: str, llm: LLM, prompt: PromptTemplate, rollout: Rollout, system: PromptTemplate) -> None:
+        seen.update(task=task, endpoint=llm.endpoint, prompt=prompt.format(tone=task), rid=rollout.rollout_id)
+        assert system is prompt
+
+    (created,) = await store.enqueue_rollouts([RolloutCreate(input="kind")])
+    (outcome,) = await _run(agent, store, 1)
+    assert outcome.status == AttemptStatus.SUCCEEDED
+    assert seen["prompt"] == "Be kind." and seen["rid"] == created.rollout_id
+    assert seen["endpoint"] == f"http://gw/rollout/{created.rollout_id}/attempt/{outcome.attempt_id}/v1"
+
+
+async def test_missing_resource_fails_with_a_clear_error() -> None:
+    store = InMemoryLightningStore()
+
+    @agl.rollout
+    def agent(task: str, llm: LLM) -> None:
+        pass
+
+    await store.enqueue_rollout("x")
+    (outcome,) = await _run(agent, store, 1)
+    assert outcome.status == AttemptStatus.FAILED and "LLM resource" in (outcome.error or "")
+
+
+async def test_agent_error_records_exception_and_fails_attempt() -> None:
+    store = InMemoryLightningStore()
+
+    @agl.rollout
+    async def agent(task: str) -> None:
+        raise KeyError("missing tool")
+
+    rollout = await store.enqueue_rollout("x")
+    (outcome,) = await _run(agent, store, 1)
+    assert outcome.status == AttemptStatus.FAILED and "missing tool" in (outcome.error or "")
+    (span,) = await _spans(store, rollout.rollout_id)
+    assert span.name == sc.SPAN_EXCEPTION and span.attributes[sc.EXCEPTION_TYPE] == "KeyError"
+    assert (await store.get_rollout(rollout.rollout_id)).status == RolloutStatus.FAILED
+
+
+async def test_timeout_cancels_agent_and_retries() -> None:
+    store = InMemoryLightningStore()
+    calls = []
+
+    @agl.rollout
+    async def agent(task: str, rollout: Rollout) -> float:
+        calls.append(rollout.num_attempts)
+        if len(calls) == 1:
+            await asyncio.sleep(30)
+        return 1.0
+
+    rollout = await store.enqueue_rollout("x", retry=RetryConfig(max_attempts=2, timeout_s=0.2))
+    started = time.monotonic()
+    outcomes = await _run(agent, store, 2)
+    assert time.monotonic() - started < 10
+    assert [o.status for o in outcomes] == [AttemptStatus.TIMEOUT, AttemptStatus.SUCCEEDED]
+    assert (await store.get_rollout(rollout.rollout_id)).status == RolloutStatus.SUCCEEDED
+
+
+async def test_heartbeats_keep_a_long_attempt_alive() -> None:
+    store = InMemoryLightningStore(watchdog_interval_s=0.05)
+
+    @agl.rollout
+    async def agent(task: str) -> float:
+        await asyncio.sleep(1.0)
+        return 1.0
+
+    rollout = await store.enqueue_rollout("x", retry=RetryConfig(heartbeat_timeout_s=0.4))
+    (outcome,) = await _run(agent, store, 1, heartbeat_interval_s=0.1)
+    assert outcome.status == AttemptStatus.SUCCEEDED
+    assert (await store.get_rollout(rollout.rollout_id)).status == RolloutStatus.SUCCEEDED
+    await store.aclose()
+
+
+async def test_cancelling_the_rollout_stops_the_agent() -> None:
+    store = InMemoryLightningStore()
+    started = asyncio.Event()
+
+    @agl.rollout
+    async def agent(task: str) -> float:
+        started.set()
+        await asyncio.sleep(30)
+        return 1.0
+
+    rollout = await store.enqueue_rollout("x")
+    run = asyncio.create_task(_run(agent, store, 1, heartbeat_interval_s=0.05))
+    await started.wait()
+    await store.cancel_rollout(rollout.rollout_id)
+    (outcome,) = await asyncio.wait_for(run, 10)
+    assert outcome.status == AttemptStatus.FAILED
+    assert (await store.get_rollout(rollout.rollout_id)).status == RolloutStatus.CANCELLED
+
+
+async def test_returned_spans_and_bad_return_values() -> None:
+    store = InMemoryLightningStore()
+
+    @agl.rollout
+    def agent(task: str, rollout: Rollout) -> Any:
+        if task == "bad":
+            return "not a reward"
+        return [Span.new("ignored", "ignored", "custom", {"k": 1})]
+
+    good = await store.enqueue_rollout("good")
+    await store.enqueue_rollout("bad")
+    outcomes = await _run(agent, store, 2)
+    assert [o.status for o in outcomes] == [AttemptStatus.SUCCEEDED, AttemptStatus.FAILED]
+    assert "list of spans" in (outcomes[1].error or "")
+    (custom,) = await _spans(store, good.rollout_id)
+    assert custom.name == "custom" and custom.rollout_id == good.rollout_id
+
+
+async def test_hooks_run_in_order() -> None:
+    store = InMemoryLightningStore()
+    order: list[str] = []
+
+    async def async_hook(*args: Any) -> None:
+        order.append("trace_end")
+
+    hooks = agl.runner.RunnerHooks(
+        on_rollout_start=lambda ctx: order.append("rollout_start"),
+        on_trace_start=lambda ctx: order.append("trace_start"),
+        on_trace_end=async_hook,
+        on_rollout_end=lambda ctx, outcome: order.append(f"rollout_end:{outcome.status.value}"),
+    )
+
+    @agl.rollout
+    def agent(task: str) -> float:
+        order.append("agent")
+        return 1.0
+
+    await store.enqueue_rollout("x")
+    await _run(agent, store, 1, hooks=hooks)
+    assert order == ["rollout_start", "trace_start", "agent", "trace_end", "rollout_end:succeeded"]
+
+
+class Solver(agl.LitAgent):
+    name = "solver"
+
+    def training_rollout(self, task: Any, resources: Any, rollout: Rollout) -> float:
+        return 1.0
+
+    async def validation_rollout(self, task: Any, resources: Any, rollout: Rollout) -> float:
+        return 0.25
+
+
+async def test_lit_agent_dispatches_on_mode_and_tags_spans() -> None:
+    store = InMemoryLightningStore()
+    train = await store.enqueue_rollout("a", mode="train")
+    await store.enqueue_rollout("b", mode="val")
+    outcomes = await _run(Solver(), store, 2)
+    assert [o.reward for o in outcomes] == [1.0, 0.25]
+    (reward,) = await _spans(store, train.rollout_id)
+    assert reward.attributes[sc.AGENT_NAME] == "solver"
+
+
+async def test_step_runs_one_rollout_online() -> None:
+    store = InMemoryLightningStore()
+    runner = agl.Runner(agl.rollout(lambda task: task * 2.0), store)
+    outcome = await runner.step(0.5)
+    assert outcome.status == AttemptStatus.SUCCEEDED and outcome.reward == 1.0
+    assert (await store.get_rollout(outcome.rollout_id)).status == RolloutStatus.SUCCEEDED
+
+
+RUNNER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    import agl
+    from agl.store import SqliteLightningStore
+
+    @agl.rollout
+    async def agent(task):
+        print("started", flush=True)
+        await asyncio.sleep(task)
+        return 1.0
+
+    async def main():
+        store = SqliteLightningStore(sys.argv[1])
+        runner = agl.Runner(agent, store, max_concurrency=2, shutdown_grace_s=float(sys.argv[2]))
+        await runner.run()
+        await store.aclose()
+        print("stopped", flush=True)
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("grace", "expected"), [(10.0, RolloutStatus.SUCCEEDED), (0.2, RolloutStatus.FAILED)]
+)
+async def test_sigterm_finishes_or_hands_back_in_flight_attempts(
+    tmp_path: Path, grace: float, expected: RolloutStatus
+) -> None:
+    db = tmp_path / "runner.db"
+    store = SqliteLightningStore(db)
+    rollout = await store.enqueue_rollout(1.5)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER_SCRIPT, str(db), str(grace)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.stdout is not None
+    assert (await asyncio.to_thread(proc.stdout.readline)).strip() == "started"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 0 and "stopped" in out
+    assert (await store.get_rollout(rollout.rollout_id)).status == expected
+    await store.aclose()

@@ -1,0 +1,127 @@
+"""Auto-instrumentation with the real openai SDK and LangChain against a real local OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+import pytest
+
+import agl
+from agl import semconv as sc
+from agl.schemas import LLM, LLMCall, RolloutCreate
+from agl.store import InMemoryLightningStore
+from agl.testing.simulated_lm import LOOKUP_TOOL, SimulatedLMServer
+from agl.tracer.normalize import normalize_openinference
+
+SYSTEM = "Use the lookup tool when a price is not given. End with ANSWER: <number>."
+QUESTION = "What do 3 units of item-5 cost, in catalog units?"
+GIVEN = "One item-1 costs 4 dollars. What do 2 of them cost?"
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    agl.instrument("openai", "langchain", required=True)
+    with SimulatedLMServer() as s:
+        yield s
+
+
+@pytest.fixture
+async def store(server: SimulatedLMServer) -> AsyncIterator[InMemoryLightningStore]:
+    s = InMemoryLightningStore()
+    await s.add_resources({"llm": LLM(endpoint=server.base_url, model="task")})
+    yield s
+
+
+async def _calls(store: InMemoryLightningStore, agent: Any) -> list[LLMCall]:
+    (rollout,) = await store.enqueue_rollouts([RolloutCreate(input=None)])
+    (outcome,) = await agl.Runner(agent, store).run(max_rollouts=1)
+    assert outcome.status.value == "succeeded", outcome.error
+    spans = (await store.query_spans(rollout_id=rollout.rollout_id)).items
+    return [c for c in (LLMCall.from_span(s) for s in spans) if c is not None]
+
+
+def _messages(question: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+
+async def test_openai_sync_call_with_tool_calls(store: InMemoryLightningStore) -> None:
+    @agl.rollout
+    def agent(llm: LLM) -> None:
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="k")
+        client.chat.completions.create(model=llm.model, messages=_messages(QUESTION), tools=[LOOKUP_TOOL])  # type: ignore[arg-type, list-item]
+
+    (call,) = await _calls(store, agent)
+    assert call.source == "openinference" and call.model == "task"
+    assert call.request_messages == _messages(QUESTION)
+    assert call.tool_calls[0]["function"]["name"] == "lookup"
+    assert json.loads(call.tool_calls[0]["function"]["arguments"]) == {"item": "item-5"}
+    assert call.usage["total_tokens"] > 0 and call.response_id
+    assert not call.has_token_ids  # this server returns none, and nothing is guessed
+
+
+async def test_openai_async_and_streaming(store: InMemoryLightningStore) -> None:
+    @agl.rollout
+    async def agent(llm: LLM) -> None:
+        client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k")
+        await client.chat.completions.create(model=llm.model, messages=_messages(GIVEN))  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(model=llm.model, messages=_messages(GIVEN), stream=True)  # type: ignore[arg-type]
+        async for _ in stream:
+            pass
+
+    plain, streamed = await _calls(store, agent)
+    assert plain.response_message == {"role": "assistant", "content": "ANSWER: 8"}
+    assert streamed.response_message is not None and streamed.response_message["content"] == "ANSWER: 8"
+
+
+async def test_langchain_chat_openai(store: InMemoryLightningStore) -> None:
+    from langchain_openai import ChatOpenAI
+
+    @agl.rollout
+    async def agent(llm: LLM) -> None:
+        model = ChatOpenAI(base_url=llm.endpoint, api_key="k", model=llm.model)  # type: ignore[arg-type]
+        await model.ainvoke([("system", SYSTEM), ("user", GIVEN)])
+
+    calls = await _calls(store, agent)
+    langchain = [
+        c for c in calls if c.attributes.get("openinference.span.kind") == "LLM" and c.response_id is None
+    ]
+    assert calls and all(c.request_messages and c.request_messages[-1]["content"] == GIVEN for c in calls)
+    assert any(c.response_message and c.response_message.get("content") == "ANSWER: 8" for c in calls)
+    assert langchain  # the LangChain span itself, beside the openai one it wraps
+
+
+def test_normalize_keeps_engine_token_ids() -> None:
+    response = {
+        "id": "chatcmpl-1",
+        "prompt_token_ids": [1, 2, 3],
+        "model_version": 4,
+        "choices": [
+            {
+                "message": {"role": "assistant", "content": "hi"},
+                "finish_reason": "stop",
+                "token_ids": [7, 8],
+                "logprobs": {"content": [{"token": "h", "logprob": -0.5}, {"token": "i", "logprob": -0.25}]},
+            }
+        ],
+    }
+    out = normalize_openinference(
+        {"openinference.span.kind": "LLM", "output.value": json.dumps(response), "input.value": "{}"}
+    )
+    assert out[sc.LLM_PROMPT_TOKEN_IDS] == [1, 2, 3] and out[sc.LLM_COMPLETION_TOKEN_IDS] == [7, 8]
+    assert out[sc.LLM_LOGPROBS] == [-0.5, -0.25] and out[sc.LLM_HAS_TOKEN_IDS] is True
+    assert out[sc.LLM_MODEL_VERSION] == "4" and out[sc.LLM_FINISH_REASON] == "stop"
+    assert normalize_openinference({"openinference.span.kind": "CHAIN"}) == {}
+
+
+async def test_calls_outside_a_rollout_are_not_recorded(server: SimulatedLMServer) -> None:
+    from agl.tracer import span_processor
+
+    before = span_processor().converted
+    openai.OpenAI(base_url=server.base_url, api_key="k").chat.completions.create(
+        model="task",
+        messages=_messages(GIVEN),  # type: ignore[arg-type]
+    )
+    assert span_processor().converted == before
