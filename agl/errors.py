@@ -13,6 +13,7 @@
     ├── AgentError
     │   └── NoActiveRolloutError   an emitter called outside a rollout
     └── ConfigError                bad arguments or a missing optional dependency
+        └── InvalidRequestError    a bad field in a model request (``param`` names it)
 
 Every error carries the ``rollout_id`` and ``attempt_id`` it concerns, when there is one.
 """
@@ -81,3 +82,11 @@ class ConfigError(AglError):
 def missing_extra(package: str, extra: str) -> ConfigError:
     """The error to raise when an optional dependency is not installed."""
     return ConfigError(f"{package} is not installed; install it with `pip install 'agl[{extra}]'`.")
+
+
+class InvalidRequestError(ConfigError):
+    """A request to a model engine or server has a bad field; ``param`` names it (OpenAI error ``param``)."""
+
+    def __init__(self, message: str, *, param: str | None = None, **kwargs: str | None) -> None:
+        super().__init__(message, **kwargs)
+        self.param = param

@@ -1,0 +1,165 @@
+"""The running batch: left-padded sequences sharing one KV cache, stepped token by token.
+
+New sequences are prefilled on their own and merged into the running batch by left-padding the shorter
+cache; finished rows are dropped and all-padding columns trimmed, so each sequence finishes independently
+(continuous batching). Everything here runs on the engine's worker thread.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agl.engines.builtin.sampling import SamplingParams, sample_step
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One choice being generated: exact prompt and completion ids, raw logprobs, text so far."""
+
+    request: Any
+    index: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    generator: torch.Generator
+    version: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    streamed_tokens: int = 0
+    streamed_chars: int = 0
+
+
+def _map_cache(cache: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    for layer in cache.layers:
+        layer.keys = fn(layer.keys)
+        layer.values = fn(layer.values)
+
+
+def _pad_left(t: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
+    if amount == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = amount
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class RunningBatch:
+    """Rows of ``seqs`` with their KV cache, attention mask, next positions and next input tokens."""
+
+    def __init__(self, model: Any, pad_id: int, on_token: Callable[[Sequence], None]) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.on_token = on_token  # called after each appended token: sets finish_reason and text
+        # transformers >= 5.2x names the argument ``cache``; older releases ``past_key_values``
+        params = inspect.signature(model.forward).parameters
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.seqs: list[Sequence] = []
+        self.cache: Any = None
+        self.mask: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
+        self.pending: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device  # type: ignore[no-any-return]
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        step = sample_step(
+            logits,
+            [s.params.temperature for s in seqs],
+            [s.params.top_p for s in seqs],
+            [s.generator for s in seqs],
+            [s.params.top_logprobs for s in seqs],
+        )
+        for i, seq in enumerate(seqs):
+            seq.token_ids.append(step.token_ids[i])
+            seq.logprobs.append(step.logprobs[i])
+            seq.top.append(step.top[i])
+            self.on_token(seq)
+        return torch.tensor(step.token_ids, device=logits.device)
+
+    def add(self, new: list[Sequence]) -> None:
+        """Prefill ``new`` (sampling their first token) and merge them into the batch."""
+        from transformers import DynamicCache
+
+        width = max(len(s.prompt_ids) for s in new)
+        ids = torch.full((len(new), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(new), width), dtype=torch.long)
+        for row, seq in enumerate(new):
+            ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
+            mask[row, width - len(seq.prompt_ids) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_arg: cache},
+        )
+        pending = self._sample(new, out.logits[:, -1, :])
+        next_pos = positions[:, -1] + 1
+        if not self.seqs:
+            self.seqs, self.cache, self.mask, self.positions, self.pending = (
+                new,
+                cache,
+                mask,
+                next_pos,
+                pending,
+            )
+            return
+        assert self.mask is not None and self.positions is not None and self.pending is not None
+        old_w, new_w = self.mask.shape[1], width
+        total = max(old_w, new_w)
+        layers: list[Any] = list(cache.layers)
+        for old_layer, new_layer in zip(self.cache.layers, layers, strict=True):
+            for name in ("keys", "values"):
+                merged = [_pad_left(getattr(old_layer, name), total - old_w, 2)]
+                merged.append(_pad_left(getattr(new_layer, name), total - new_w, 2))
+                setattr(old_layer, name, torch.cat(merged))
+        self.mask = torch.cat([_pad_left(self.mask, total - old_w, 1), _pad_left(mask, total - new_w, 1)])
+        self.positions = torch.cat([self.positions, next_pos])
+        self.pending = torch.cat([self.pending, pending])
+        self.seqs = self.seqs + new
+
+    def decode(self) -> None:
+        """Feed every row its pending token and sample the next one."""
+        assert self.mask is not None and self.positions is not None and self.pending is not None
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        out = self.model(
+            input_ids=self.pending.unsqueeze(1),
+            attention_mask=self.mask,
+            position_ids=self.positions.unsqueeze(1),
+            use_cache=True,
+            **{self.cache_arg: self.cache},
+        )
+        self.positions = self.positions + 1
+        self.pending = self._sample(self.seqs, out.logits[:, -1, :])
+
+    def prune(self) -> list[Sequence]:
+        """Drop finished rows (returned) and the cache columns that are padding for every remaining row."""
+        done = [s for s in self.seqs if s.finish_reason is not None]
+        if not done:
+            return []
+        keep = [i for i, s in enumerate(self.seqs) if s.finish_reason is None]
+        self.seqs = [self.seqs[i] for i in keep]
+        if not keep:
+            self.cache = self.mask = self.positions = self.pending = None
+            return done
+        assert self.mask is not None and self.positions is not None and self.pending is not None
+        index = torch.tensor(keep, device=self.mask.device)
+        self.mask, self.positions, self.pending = self.mask[index], self.positions[index], self.pending[index]
+        lead = int(self.mask.shape[1] - self.mask.sum(dim=1).max().item())
+        self.mask = self.mask[:, lead:]
+        _map_cache(self.cache, lambda t: t[index, :, lead:])
+        return done

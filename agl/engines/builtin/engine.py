@@ -1,0 +1,397 @@
+"""The built-in inference engine: an async, continuously batching generator over a local HF causal LM.
+
+Requests are queued; one scheduler task admits them into the running batch between decode steps and runs
+the model on a worker thread. Responses carry exact prompt/completion token ids, raw logprobs (see
+:mod:`agl.engines.builtin.sampling`) and the ``model_version`` of the weights that produced them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agl.engines.builtin.batch import RunningBatch, Sequence
+from agl.engines.builtin.prompts import render_chat
+from agl.engines.builtin.sampling import SamplingParams, make_generator
+from agl.engines.builtin.tools import parse_tool_calls
+from agl.engines.builtin.weights import is_lora_dir, load_full, merge_lora, read_state_dict
+from agl.errors import ConfigError, InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Choice:
+    """One finished completion. ``token_ids`` include a generated EOS; ``text`` is cut before a stop string."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str  # "stop" | "length" | "tool_calls"
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Generation:
+    """The answer to one request: exact prompt ids, its ``n`` choices, and the weights version used."""
+
+    prompt_token_ids: list[int]
+    choices: list[Choice]
+    model_version: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class StreamDelta:
+    """New output of one choice since the previous delta (text held back while it may start a stop string)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str | None = None
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    tools: list[dict[str, Any]] | None
+    future: asyncio.Future[Generation]
+    queue: asyncio.Queue[StreamDelta] | None = None
+    seqs: list[Sequence] = field(default_factory=list)
+
+
+class Engine:
+    """``Engine(path)`` loads a local HF model folder; ``await engine.generate(ids, params)`` samples from it.
+
+    ``max_batch_size`` bounds the sequences decoded together; ``default_max_tokens`` applies when a request
+    sets none; an idle engine waits ``batch_wait_s`` after the first request so a burst is prefilled at once. Never contacts a model hub (``local_files_only=True``).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        max_model_len: int | None = None,
+        default_max_tokens: int = 256,
+        model_name: str | None = None,
+        batch_wait_s: float = 0.005,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = Path(model_path)
+        if not (path / "config.json").is_file():
+            raise ConfigError(
+                f"{path} is not a local Hugging Face model folder (no config.json); pass a folder written by "
+                "save_pretrained, e.g. agl.models.tiny_model() or agl.models.smollm2()"
+            )
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ConfigError(
+                f"dtype must be a torch dtype name such as 'float32' or 'bfloat16', got {dtype!r}"
+            )
+        self.path = path
+        self.model_name = model_name or path.name
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+        self.model.to(device)  # type: ignore[arg-type]
+        self.model.eval()
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self.default_max_tokens = default_max_tokens
+        self.batch_wait_s = batch_wait_s
+        self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.eos_ids = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.eos_ids))
+        self.model_version = "v0"
+        self._versions = 0
+        self._base_state: dict[str, torch.Tensor] | None = None
+        self._pending: list[_Request] = []
+        self._task: asyncio.Task[None] | None = None
+        self._updating = False
+        self._update_lock: asyncio.Lock | None = None
+
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (
+            self.tokenizer.eos_token_id,
+            getattr(self.model.generation_config, "eos_token_id", None),
+        ):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list):
+                ids.update(int(i) for i in source)
+        if not ids:
+            raise ConfigError(f"{self.path} defines no eos token; set eos_token in its tokenizer_config.json")
+        return ids
+
+    # ----- prompts -------------------------------------------------------------------------------
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of ``messages`` (and ``tools``) rendered with the model's chat template."""
+        return render_chat(self.tokenizer, messages, tools)
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of a text prompt (no special tokens added), or the ids themselves after a range check."""
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        vocab = int(self.model.config.vocab_size)
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token ids must be in [0, {vocab}), got {bad[:5]}", param="prompt"
+            )
+        return list(prompt)
+
+    # ----- generation ----------------------------------------------------------------------------
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, *, tools: list[dict[str, Any]] | None = None
+    ) -> Generation:
+        """Sample ``params.n`` completions of ``prompt_ids``; tool calls are parsed when ``tools`` is given."""
+        request = self._submit(prompt_ids, params, tools, stream=False)
+        return await request.future
+
+    def stream(
+        self, prompt_ids: list[int], params: SamplingParams, *, tools: list[dict[str, Any]] | None = None
+    ) -> AsyncIterator[StreamDelta | Generation]:
+        """Queue the request now (bad input raises here), then yield deltas and finally the :class:`Generation`."""
+        return self._iterate(self._submit(prompt_ids, params, tools, stream=True))
+
+    async def _iterate(self, request: _Request) -> AsyncIterator[StreamDelta | Generation]:
+        assert request.queue is not None
+        waiter: asyncio.Future[StreamDelta] | None = None
+        try:
+            while True:
+                waiter = asyncio.ensure_future(request.queue.get())
+                waitables: list[asyncio.Future[Any]] = [waiter, request.future]
+                await asyncio.wait(waitables, return_when=asyncio.FIRST_COMPLETED)
+                if waiter.done():
+                    yield waiter.result()
+                    continue
+                waiter.cancel()
+                while not request.queue.empty():
+                    yield request.queue.get_nowait()
+                yield request.future.result()
+                return
+        finally:
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+            if not request.future.done():  # the consumer stopped early: stop decoding its sequences
+                request.future.cancel()
+
+    def _submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tools: list[dict[str, Any]] | None,
+        *,
+        stream: bool,
+    ) -> _Request:
+        params.validate()
+        room = self.check_prompt(prompt_ids)
+        loop = asyncio.get_running_loop()
+        request = _Request(
+            list(prompt_ids), params, tools, loop.create_future(), asyncio.Queue() if stream else None
+        )
+        max_tokens = min(params.max_tokens or self.default_max_tokens, room)
+        request.seqs = [
+            Sequence(request, i, request.prompt_ids, params, max_tokens, make_generator(params.seed, i), "")
+            for i in range(params.n)
+        ]
+        self._pending.append(request)
+        self._ensure_running()
+        return request
+
+    def check_prompt(self, prompt_ids: list[int], param: str = "prompt") -> int:
+        """Raise InvalidRequestError (naming ``param``) unless the prompt fits; return the tokens left."""
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty; send at least one token", param=param)
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt_ids)} tokens, the model's context is {self.max_model_len}; "
+                "shorten the prompt",
+                param=param,
+            )
+        return room
+
+    def _ensure_running(self) -> None:
+        if (self._task is None or self._task.done()) and self._pending and not self._updating:
+            self._task = asyncio.get_running_loop().create_task(self._schedule())
+
+    async def _schedule(self) -> None:
+        batch = RunningBatch(self.model, self.pad_id, self._on_token)
+        if self.batch_wait_s > 0:
+            # requests sent together over HTTP arrive a few ms apart: one prefill for all of them is cheaper
+            await asyncio.sleep(self.batch_wait_s)
+        while True:
+            admit: list[Sequence] = []
+            while self._pending and not self._updating:
+                room = self.max_batch_size - len(batch.seqs) - len(admit)
+                if len(self._pending[0].seqs) > room and (batch.seqs or admit):
+                    break
+                request = self._pending.pop(0)
+                for seq in request.seqs:
+                    seq.version = self.model_version
+                admit.extend(request.seqs)
+            if not admit and not batch.seqs:
+                break
+            try:
+                finished = await asyncio.to_thread(self._step, batch, admit)
+            except Exception as exc:  # a failed forward pass fails its batch, never hangs the callers
+                logger.exception("engine step failed")
+                for seq in batch.seqs + admit:
+                    if not seq.request.future.done():
+                        seq.request.future.set_exception(exc)
+                batch = RunningBatch(self.model, self.pad_id, self._on_token)
+                continue
+            self._deliver(batch.seqs + finished)
+        self._task = None
+
+    def _step(self, batch: RunningBatch, admit: list[Sequence]) -> list[Sequence]:
+        with torch.inference_mode():
+            if admit:
+                batch.add(admit)
+            else:
+                batch.decode()
+            return batch.prune()
+
+    def _on_token(self, seq: Sequence) -> None:
+        """Decide whether ``seq`` just finished (EOS, stop string, max_tokens) and keep its text current."""
+        if seq.request.future.cancelled():  # the caller went away (e.g. an HTTP client disconnected)
+            seq.finish_reason = "abort"
+            return
+        last = seq.token_ids[-1]
+        ids = seq.token_ids[:-1] if last in self.eos_ids else seq.token_ids
+        if seq.params.stop or seq.request.queue is not None or last in self.eos_ids:
+            seq.text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if last in self.eos_ids:
+            seq.finish_reason = "stop"
+            return
+        for stop in seq.params.stop:
+            cut = seq.text.find(stop)
+            if cut >= 0:
+                seq.text, seq.finish_reason = seq.text[:cut], "stop"
+                return
+        if len(seq.token_ids) >= seq.max_tokens:
+            seq.finish_reason = "length"
+            if not (seq.params.stop or seq.request.queue is not None):
+                seq.text = self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _deliver(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            request = seq.request
+            if request.queue is not None:
+                self._push_delta(seq)
+            done = seq.finish_reason is not None and not request.future.done()
+            if done and all(s.finish_reason is not None for s in request.seqs):
+                try:
+                    request.future.set_result(self._result(request))
+                except Exception as exc:  # one bad request must not stop the scheduler serving the others
+                    logger.exception("building a response failed")
+                    request.future.set_exception(exc)
+
+    def _push_delta(self, seq: Sequence) -> None:
+        assert seq.request.queue is not None
+        if seq.finish_reason is not None:
+            safe = len(seq.text)
+        else:
+            hold = max((len(s) - 1 for s in seq.params.stop), default=0)
+            safe = max(seq.streamed_chars, len(seq.text) - hold)
+            while safe > seq.streamed_chars and seq.text[safe - 1] == "\ufffd":  # an incomplete UTF-8 char
+                safe -= 1
+        new_ids = seq.token_ids[seq.streamed_tokens :]
+        if not new_ids and safe == seq.streamed_chars:
+            return
+        delta = StreamDelta(
+            seq.index,
+            seq.text[seq.streamed_chars : safe],
+            new_ids,
+            seq.logprobs[seq.streamed_tokens :],
+            seq.finish_reason,
+        )
+        seq.streamed_tokens, seq.streamed_chars = len(seq.token_ids), safe
+        seq.request.queue.put_nowait(delta)
+
+    def _result(self, request: _Request) -> Generation:
+        choices = []
+        for seq in request.seqs:
+            choice = Choice(
+                seq.index, seq.text, seq.token_ids, seq.logprobs, seq.top, seq.finish_reason or "stop"
+            )
+            choice.content = seq.text
+            if request.tools:
+                parsed = parse_tool_calls(seq.text, request.tools)
+                if parsed.tool_calls:
+                    choice.content, choice.tool_calls, choice.finish_reason = (
+                        parsed.content,
+                        parsed.tool_calls,
+                        "tool_calls",
+                    )
+            choices.append(choice)
+        return Generation(request.prompt_ids, choices, request.seqs[0].version)
+
+    # ----- weights -------------------------------------------------------------------------------
+    async def update_weights(
+        self,
+        source: dict[str, torch.Tensor] | str | Path,
+        version: str | None = None,
+        *,
+        lora: bool | None = None,
+    ) -> str:
+        """Load full weights (state dict or folder) or a LoRA adapter folder; returns the new version.
+
+        Requests already decoding finish on the old weights first; queued ones run on the new weights.
+        """
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            self._updating = True
+            try:
+                if self._task is not None and not self._task.done():
+                    await asyncio.shield(self._task)
+                await asyncio.to_thread(self._load, source, lora)
+                self._versions += 1
+                self.model_version = version or f"v{self._versions}"
+                logger.info("engine weights updated to %s", self.model_version)
+            finally:
+                self._updating = False
+                self._ensure_running()
+        return self.model_version
+
+    def _load(self, source: dict[str, torch.Tensor] | str | Path, lora: bool | None) -> None:
+        with torch.no_grad():
+            if isinstance(source, dict):
+                load_full(self.model, source)
+                self._base_state = None
+                return
+            path = Path(source)
+            if not path.is_dir():
+                raise ConfigError(f"weights path {path} is not a folder; pass a model or LoRA adapter folder")
+            if lora is True and not is_lora_dir(path):
+                raise ConfigError(f"{path} has no adapter_config.json; it is not a PEFT LoRA adapter folder")
+            if lora is None:
+                lora = is_lora_dir(path)
+            if lora:
+                if self._base_state is None:
+                    self._base_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                merge_lora(self.model, self._base_state, path)
+            else:
+                load_full(self.model, read_state_dict(path))
+                self._base_state = None

@@ -1,0 +1,258 @@
+"""The OpenAI-compatible HTTP server over an :class:`Engine`, and an in-process form for tests and trainers.
+
+Routes: ``POST /v1/chat/completions`` (incl. ``stream``), ``POST /v1/completions``, ``GET /v1/models``,
+``GET /health``, ``POST /v1/weights``. Bad input answers 400 with an OpenAI error body naming the field.
+Any ``model`` name is accepted: one engine serves one model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from agl.engines.builtin.engine import Engine, Generation, StreamDelta
+from agl.engines.builtin.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    WeightsRequest,
+    chat_logprobs,
+    completion_logprobs,
+)
+from agl.errors import ConfigError, InvalidRequestError
+from agl.serving import BackgroundServer
+
+logger = logging.getLogger(__name__)
+
+
+def error_body(
+    message: str, param: str | None, code: int = 400, type_: str = "invalid_request_error"
+) -> Response:
+    """An OpenAI-style error response."""
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return Response(orjson.dumps(body), status_code=code, media_type="application/json")
+
+
+def _validation_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    return error_body(f"{param or 'body'}: {first.get('msg')} (got {first.get('input')!r:.200})", param)
+
+
+def _config_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ConfigError)
+    return error_body(exc.message, getattr(exc, "param", None))
+
+
+def _chat_choice(engine: Engine, gen: Generation, index: int) -> dict[str, Any]:
+    choice = gen.choices[index]
+    message: dict[str, Any] = {"role": "assistant", "content": choice.content}
+    if choice.tool_calls:
+        message["tool_calls"] = choice.tool_calls
+    return {
+        "index": choice.index,
+        "message": message,
+        "finish_reason": choice.finish_reason,
+        "logprobs": chat_logprobs(engine.tokenizer, choice),
+        "token_ids": choice.token_ids,
+    }
+
+
+def _usage(gen: Generation) -> dict[str, int]:
+    completion = sum(len(c.token_ids) for c in gen.choices)
+    prompt = len(gen.prompt_token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+async def _chat_stream(
+    engine: Engine, req: ChatRequest, prompt: list[int], stream: AsyncIterator[StreamDelta | Generation]
+) -> AsyncIterator[bytes]:
+    """SSE chunks; with ``tools`` each choice's text is held until it ends, then sent as content or tool_calls."""
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+    }
+    head["model"] = req.model or engine.model_name
+    started: set[int] = set()
+    first = True
+    async for item in stream:
+        if isinstance(item, Generation):
+            if req.tools:
+                for choice in item.choices:
+                    delta: dict[str, Any] = {"role": "assistant", "content": choice.content}
+                    if choice.tool_calls:
+                        delta["tool_calls"] = [
+                            dict(call, index=i) for i, call in enumerate(choice.tool_calls)
+                        ]
+                    chunk = {"index": choice.index, "delta": delta, "finish_reason": choice.finish_reason}
+                    chunk["logprobs"], chunk["token_ids"] = (
+                        chat_logprobs(engine.tokenizer, choice),
+                        choice.token_ids,
+                    )
+                    yield _sse({**head, "model_version": item.model_version, "choices": [chunk]})
+            if req.stream_options is not None and req.stream_options.include_usage:
+                yield _sse(
+                    {**head, "choices": [], "usage": _usage(item), "model_version": item.model_version}
+                )
+            yield b"data: [DONE]\n\n"
+            return
+        if req.tools:
+            continue
+        delta = {"content": item.text}
+        if item.index not in started:
+            started.add(item.index)
+            delta["role"] = "assistant"
+        entries = [
+            {"token": engine.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+            for t, lp in zip(item.token_ids, item.logprobs, strict=True)
+        ]
+        chunk = {"index": item.index, "delta": delta, "finish_reason": item.finish_reason}
+        chunk["logprobs"], chunk["token_ids"] = {"content": entries}, item.token_ids
+        out: dict[str, Any] = {**head, "model_version": engine.model_version, "choices": [chunk]}
+        if first:
+            out["prompt_token_ids"], first = prompt, False
+        yield _sse(out)
+
+
+def build_app(engine: Engine) -> FastAPI:
+    """The FastAPI app serving ``engine``."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.loop = asyncio.get_running_loop()  # lets other threads run engine coroutines here
+        yield
+
+    app = FastAPI(title="agl engine", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ConfigError, _config_error)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": engine.model_name, "model_version": engine.model_version}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "agl"}
+        return {"object": "list", "data": [{**entry, "model_version": engine.model_version}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest) -> Response:
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = req.tools if req.tool_choice != "none" else None
+        prompt = engine.encode_chat(messages, tools)
+        engine.check_prompt(prompt, "messages")
+        params = req.sampling(req.top_logprobs or 0)
+        if req.stream:
+            stream = engine.stream(prompt, params, tools=tools)
+            return StreamingResponse(
+                _chat_stream(engine, req, prompt, stream), media_type="text/event-stream"
+            )
+        gen = await engine.generate(prompt, params, tools=tools)
+        body = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": gen.created,
+            "model": req.model or engine.model_name,
+            "choices": [_chat_choice(engine, gen, i) for i in range(len(gen.choices))],
+            "usage": _usage(gen),
+            "prompt_token_ids": gen.prompt_token_ids,
+            "model_version": gen.model_version,
+        }
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> Response:
+        if req.stream:
+            raise InvalidRequestError("stream is not supported on /v1/completions; use chat", param="stream")
+        prompt = engine.encode_prompt(req.prompt)
+        gen = await engine.generate(prompt, req.sampling(req.logprobs or 0))
+        choices = [
+            {
+                "index": c.index,
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "logprobs": completion_logprobs(engine.tokenizer, c),
+                "token_ids": c.token_ids,
+                "prompt_token_ids": gen.prompt_token_ids,
+            }
+            for c in gen.choices
+        ]
+        body = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": gen.created,
+            "model": req.model or engine.model_name,
+            "choices": choices,
+            "usage": _usage(gen),
+            "prompt_token_ids": gen.prompt_token_ids,
+            "model_version": gen.model_version,
+        }
+        return Response(orjson.dumps(body), media_type="application/json")
+
+    @app.post("/v1/weights")
+    async def weights(req: WeightsRequest) -> JSONResponse:
+        version = await engine.update_weights(Path(req.path), req.version, lora=req.lora)
+        return JSONResponse({"model_version": version})
+
+    return app
+
+
+class EngineServer:
+    """``EngineServer(engine).start()`` serves on a free port in a background thread; ``base_url`` ends in /v1."""
+
+    def __init__(
+        self, engine: Engine | str | Path, host: str = "127.0.0.1", port: int = 0, **engine_kwargs: Any
+    ) -> None:
+        self.engine = engine if isinstance(engine, Engine) else Engine(engine, **engine_kwargs)
+        self.app = build_app(self.engine)
+        self._server = BackgroundServer(self.app, host=host, port=port)
+
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    @property
+    def base_url(self) -> str:
+        return f"{self._server.url}/v1"
+
+    def start(self) -> EngineServer:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def update_weights(
+        self, source: dict[str, Any] | str | Path, version: str | None = None, *, lora: bool | None = None
+    ) -> str:
+        """Blocking :meth:`Engine.update_weights` from any thread (e.g. a trainer pushing a state dict)."""
+        loop = getattr(self.app.state, "loop", None)
+        if loop is None:
+            raise ConfigError("the engine server is not running; call start() first")
+        future = asyncio.run_coroutine_threadsafe(
+            self.engine.update_weights(source, version, lora=lora), loop
+        )
+        return future.result()
+
+    def __enter__(self) -> EngineServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

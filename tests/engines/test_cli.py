@@ -1,0 +1,42 @@
+"""``agl engine serve`` as a real process: it serves /health and chat completions, and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_engine_serve_command(tiny_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "agl", "engine", "serve", "--model", str(tiny_path), "--port", str(port)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "agl engine serve did not come up within 60 s"
+            time.sleep(0.2)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30).json()
+        assert len(resp["choices"][0]["token_ids"]) == 3 and resp["model_version"] == "v0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

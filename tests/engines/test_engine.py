@@ -1,0 +1,221 @@
+"""The Engine on the tiny model: template, sampling params, batching, token fidelity, weight updates."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from agl.engines.builtin import Engine, SamplingParams
+from agl.errors import ConfigError, InvalidRequestError
+
+from .conftest import TOOL_MESSAGES, TOOL_REPLY, TOOLS
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path: Path) -> Engine:
+    return Engine(tiny_path, max_batch_size=8)
+
+
+def _chat(engine: Engine, text: str) -> list[int]:
+    return engine.encode_chat([{"role": "user", "content": text}])
+
+
+def _recompute(engine: Engine, prompt: list[int], completion: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt + completion])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    return [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(completion)]
+
+
+def test_chat_template_is_applied(engine: Engine) -> None:
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Hello "}, {"type": "text", "text": "you"}]}
+    ]
+    ids = engine.encode_chat(messages, TOOLS)
+    text = engine.tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\n# Tools") and '"get_weather"' in text
+    assert text.endswith("<|im_start|>user\nHello you<|im_end|>\n<|im_start|>assistant\n")
+
+
+async def test_max_tokens_seed_and_n(engine: Engine) -> None:
+    ids = _chat(engine, "What is 2 + 2?")
+    gen = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=7, seed=11, n=3))
+    assert gen.prompt_token_ids == ids and len(gen.choices) == 3
+    assert [c.index for c in gen.choices] == [0, 1, 2]
+    for c in gen.choices:
+        assert c.finish_reason in {"length", "stop"}
+        assert len(c.token_ids) == len(c.logprobs) <= 7
+    assert any(c.finish_reason == "length" and len(c.token_ids) == 7 for c in gen.choices)
+    again = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=7, seed=11, n=3))
+    assert [c.token_ids for c in again.choices] == [c.token_ids for c in gen.choices]
+    assert len({tuple(c.token_ids) for c in gen.choices}) > 1  # choices get different seeds
+    other = await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=7, seed=12))
+    assert other.choices[0].token_ids != gen.choices[0].token_ids
+
+
+async def test_stop_string_truncates_text_and_keeps_completing_token(engine: Engine) -> None:
+    ids = _chat(engine, "Say something long")
+    full = (await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=24, seed=5))).choices[0]
+    stop = full.text[6:9]
+    assert len(stop) == 3 and stop.strip()
+    cut = (
+        await engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=24, seed=5, stop=[stop]))
+    ).choices[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.find(stop)]
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)]
+    # the last id is the one that completed the stop string, not before it
+    assert stop in engine.tokenizer.decode(cut.token_ids)
+    assert stop not in engine.tokenizer.decode(cut.token_ids[:-1])
+
+
+async def test_concurrent_requests_batch_and_match_solo(engine: Engine) -> None:
+    prompts = [_chat(engine, "Count " + "to ten " * i) for i in range(6)]
+    # seeded sampling: the tiny random model's greedy output is mostly newlines, too easy to match
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=8 + 3 * i) for i in range(6)]
+    solo = [
+        (await engine.generate(p, sp)).choices[0].token_ids for p, sp in zip(prompts, params, strict=True)
+    ]
+    together = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
+    assert [g.choices[0].token_ids for g in together] == solo
+
+
+async def test_token_fidelity_recomputed_logprobs_match(engine: Engine) -> None:
+    prompts = [_chat(engine, "Tell me " + "a story " * i) for i in range(4)]
+    gens = await asyncio.gather(
+        *(
+            engine.generate(p, SamplingParams(temperature=1.0, max_tokens=16, seed=i))
+            for i, p in enumerate(prompts)
+        )
+    )
+    for gen in gens:
+        choice = gen.choices[0]
+        ref = _recompute(engine, gen.prompt_token_ids, choice.token_ids)
+        assert max(abs(a - b) for a, b in zip(ref, choice.logprobs, strict=True)) < 1e-4
+
+
+async def test_streaming_deltas_add_up(engine: Engine) -> None:
+    ids = _chat(engine, "Stream this")
+    full = (await engine.generate(ids, GREEDY)).choices[0]
+    texts, tokens, final = [], [], None
+    async for item in engine.stream(ids, GREEDY):
+        if hasattr(item, "choices"):
+            final = item
+        else:
+            texts.append(item.text)
+            tokens.extend(item.token_ids)
+    assert final is not None and final.choices[0].token_ids == full.token_ids
+    assert "".join(texts) == full.text and tokens == full.token_ids
+
+
+async def test_eos_and_tool_calls(tool_model_path: Path) -> None:
+    engine = Engine(tool_model_path)
+    ids = engine.encode_chat(TOOL_MESSAGES, TOOLS)
+    choice = (
+        await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=60), tools=TOOLS)
+    ).choices[0]
+    assert choice.text == TOOL_REPLY
+    assert choice.token_ids[-1] == engine.tokenizer.eos_token_id  # the generated EOS is reported
+    assert choice.finish_reason == "tool_calls" and choice.content is None
+    assert choice.tool_calls[0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    plain = (await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=60))).choices[0]
+    assert plain.finish_reason == "stop" and plain.tool_calls == []
+
+
+async def test_full_weight_update_drains_and_bumps_version(tiny_path: Path, tool_model_path: Path) -> None:
+    engine = Engine(tiny_path)
+    ids = engine.encode_chat(TOOL_MESSAGES, TOOLS)
+    before = await engine.generate(ids, GREEDY)
+    assert before.model_version == "v0"
+    in_flight = asyncio.ensure_future(engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=200)))
+    while not in_flight.done() and (engine._pending or engine._task is None):  # wait until it is decoding
+        await asyncio.sleep(0)
+    assert not in_flight.done()
+    version = await engine.update_weights(tool_model_path)
+    assert version == "v1" == engine.model_version
+    old = await in_flight
+    assert old.model_version == "v0" and old.choices[0].token_ids[:24] == before.choices[0].token_ids
+    after = await engine.generate(ids, GREEDY)
+    assert after.model_version == "v1" and after.choices[0].token_ids != before.choices[0].token_ids
+    assert after.choices[0].text.startswith("<tool_call>")
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_path).state_dict()
+    assert await engine.update_weights(base, version="base-again") == "base-again"
+    assert (await engine.generate(ids, GREEDY)).choices[0].token_ids == before.choices[0].token_ids
+
+
+async def test_lora_update_applies_to_base(tiny_path: Path, tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    engine = Engine(tiny_path)
+    ids = _chat(engine, "LoRA test")
+    base = (await engine.generate(ids, GREEDY)).choices[0].token_ids
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    peft_model = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "o_proj"])
+    )
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    assert await engine.update_weights(tmp_path / "adapter") == "v1"
+    first = await engine.generate(ids, GREEDY)
+    assert first.model_version == "v1" and first.choices[0].token_ids != base
+    await engine.update_weights(tmp_path / "adapter", lora=True)  # applied to the base again, not stacked
+    assert (await engine.generate(ids, GREEDY)).choices[0].token_ids == first.choices[0].token_ids
+
+
+async def test_bad_input_raises_clear_errors(engine: Engine, tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="empty"):
+        await engine.generate([], GREEDY)
+    with pytest.raises(InvalidRequestError, match="context"):
+        await engine.generate([5] * (engine.max_model_len + 1), GREEDY)
+    with pytest.raises(InvalidRequestError) as info:
+        engine.encode_prompt([10**9])
+    assert info.value.param == "prompt"
+    with pytest.raises(ConfigError, match="not a folder"):
+        await engine.update_weights(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="unexpected keys"):
+        await engine.update_weights({"nope": torch.zeros(1)})
+    with pytest.raises(ConfigError, match="no config.json"):
+        Engine(tmp_path)
+    assert engine.model_version == "v0"
+
+
+async def test_cancelled_request_stops_decoding(engine: Engine) -> None:
+    ids = _chat(engine, "Cancel me")
+    task = asyncio.ensure_future(
+        engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=2000, seed=0))
+    )
+    while engine._task is None or engine._pending:
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    start = asyncio.get_running_loop().time()
+    while engine._task is not None:  # the scheduler drops the aborted row and goes idle
+        await asyncio.sleep(0.01)
+    assert asyncio.get_running_loop().time() - start < 2.0
+    done = await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=3))
+    assert len(done.choices[0].token_ids) == 3
+
+
+async def test_stream_consumer_leaving_early_aborts(engine: Engine) -> None:
+    ids = _chat(engine, "Stream and leave")
+    stream = engine.stream(ids, SamplingParams(temperature=1.0, max_tokens=2000, seed=1))
+    async for _item in stream:
+        break
+    await stream.aclose()  # type: ignore[attr-defined]
+    for _ in range(200):
+        if engine._task is None:
+            break
+        await asyncio.sleep(0.01)
+    assert engine._task is None

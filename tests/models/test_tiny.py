@@ -1,0 +1,70 @@
+"""The tiny model: deterministic by seed, cached, loadable by transformers, ChatML template with tools."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from agl.models import cache_root, tiny_model
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_build_is_deterministic_and_reused(tmp_path: Path) -> None:
+    a = tiny_model(seed=3, cache_dir=tmp_path / "a")
+    b = tiny_model(seed=3, cache_dir=tmp_path / "b")
+    c = tiny_model(seed=4, cache_dir=tmp_path / "a")
+    assert a.name == "tiny-s3"
+    for name in ("tokenizer.json", "model.safetensors"):
+        assert _digest(a / name) == _digest(b / name)
+    assert _digest(a / "model.safetensors") != _digest(c / "model.safetensors")
+    stamp = (a / "model.safetensors").stat().st_mtime_ns
+    assert tiny_model(seed=3, cache_dir=tmp_path / "a") == a
+    assert (a / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+def test_cache_dir_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGL_CACHE_DIR", str(tmp_path))
+    assert cache_root() == tmp_path / "models"
+
+
+def test_loads_with_auto_classes_and_renders_tools(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_model(cache_dir=tmp_path)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    assert model.config.head_dim == 32 and model.config.num_hidden_layers == 2
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2+3?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": {"x": 1}}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    ]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
+    assert '"name": "calculator"' in text
+    assert '<tool_call>{"name": "calculator", "arguments": {"x": 1}}</tool_call><|im_end|>' in text
+    assert "<|im_start|>tool\n5<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    plain = tok.apply_chat_template(messages[1:2], tokenize=False, add_generation_prompt=False)
+    assert plain == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n"
+    ids = tok("12 + 7 = 19", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == "12 + 7 = 19"
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), len(tok))
