@@ -1,9 +1,11 @@
 """Tracing overhead per instrumented LLM call: the openai SDK against a local server, traced vs not.
 
-Alternates blocks of plain and instrumented calls (inside a rollout context, spans filed into its
-buffer) and reports the median per-call time of each and their difference.
+Alternates blocks of three modes: plain calls; the OpenInference instrumentor alone (a bare
+TracerProvider, no processor: the instrumentor's own cost); and agl (its provider and processor, calls
+inside a rollout context). The agl spans are converted at flush time, off the call path; that cost is
+timed separately and reported per span. Figures are medians per call.
 
-    python benchmarks/tracing_overhead.py --calls 400
+    python benchmarks/tracing_overhead.py --calls 900 --json out.jsonl
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import openai  # noqa: E402
+from openinference.instrumentation.openai import OpenAIInstrumentor  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
 from agl.schemas import Attempt, Rollout  # noqa: E402
 from agl.testing.simulated_lm import SimulatedLMServer  # noqa: E402
@@ -42,8 +46,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--calls", type=int, default=400, help="calls per mode")
-    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=900, help="calls per mode")
+    parser.add_argument(
+        "--blocks", type=int, default=30, help="alternations of the three modes (more: less drift)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     rollout = Rollout(rollout_id="ro-bench", created_at=0, updated_at=0)
@@ -52,7 +58,9 @@ def main() -> None:
         attempt=Attempt(attempt_id="at-b", rollout_id="ro-bench", attempt_number=1, started_at=0),
     )
     plain: list[float] = []
+    bare: list[float] = []
     traced: list[float] = []
+    convert_s, converted = 0.0, 0
     with SimulatedLMServer() as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="k")
         block(client, 20)  # warm up
@@ -60,17 +68,27 @@ def main() -> None:
         for _ in range(args.blocks):
             uninstrument()
             plain += block(client, per_block)
+            bare_instrumentor = OpenAIInstrumentor()
+            bare_instrumentor.instrument(tracer_provider=TracerProvider())
+            bare += block(client, per_block)
+            bare_instrumentor.uninstrument()
             instrument("openai", required=True)
             with rollout_context(ctx):
                 traced += block(client, per_block)
-            ctx.buffer.take()
+            start = time.perf_counter()
+            converted += len(ctx.buffer.take())
+            convert_s += time.perf_counter() - start
         uninstrument()
+    p50 = statistics.median
     result = {
         "benchmark": "tracing_overhead",
         "calls_per_mode": len(plain),
-        "plain_p50_ms": round(statistics.median(plain), 3),
-        "traced_p50_ms": round(statistics.median(traced), 3),
-        "overhead_p50_ms": round(statistics.median(traced) - statistics.median(plain), 3),
+        "plain_p50_ms": round(p50(plain), 3),
+        "openinference_only_p50_ms": round(p50(bare), 3),
+        "agl_traced_p50_ms": round(p50(traced), 3),
+        "overhead_p50_ms": round(p50(traced) - p50(plain), 3),
+        "agl_part_p50_ms": round(p50(traced) - p50(bare), 3),
+        "convert_ms_per_span": round(convert_s * 1000 / max(converted, 1), 3),
     }
     print(json.dumps(result))
     if args.json:

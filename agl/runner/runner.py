@@ -34,7 +34,7 @@ from agl.schemas import (
     new_id,
 )
 from agl.store.base import LightningStore
-from agl.tracer.context import RolloutContext, rollout_context
+from agl.tracer.context import RolloutContext, rollout_context, suppressed
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ class AttemptOutcome:
 class _Stats:
     finished: int = 0
     outcomes: list[AttemptOutcome] = field(default_factory=list)
+    #: failed ``add_spans`` calls, and spans given up on after the final retries
+    span_export_errors: int = 0
+    spans_lost: int = 0
 
 
 async def _call_hook(hook: Hook | None, *args: Any) -> None:
@@ -127,11 +130,16 @@ class Runner:
     async def run(
         self, max_rollouts: int | None = None, *, stop_when_idle: bool = False
     ) -> list[AttemptOutcome]:
-        """Claim and run rollouts until stopped, ``max_rollouts`` are done, or (``stop_when_idle``) the queue is empty."""
+        """Claim and run rollouts until stopped, ``max_rollouts`` are claimed, or (``stop_when_idle``) the queue is empty.
+
+        Returns the outcomes of the attempts this call ran.
+        """
         self._stopping = asyncio.Event()
-        await self.store.update_worker(
-            self.worker_id, host={"hostname": socket.gethostname(), "pid": os.getpid()}
-        )
+        first = len(self.stats.outcomes)
+        with suppressed():
+            await self.store.update_worker(
+                self.worker_id, host={"hostname": socket.gethostname(), "pid": os.getpid()}
+            )
         self._install_signal_handlers()
         slots = asyncio.Semaphore(self.max_concurrency)
         tasks: set[asyncio.Task[AttemptOutcome]] = set()
@@ -143,7 +151,8 @@ class Runner:
                 if self._stopping.is_set():
                     slots.release()
                     break
-                attempt = await self.store.dequeue(self.worker_id)
+                with suppressed():
+                    attempt = await self.store.dequeue(self.worker_id)
                 if attempt is None:
                     slots.release()
                     if stop_when_idle and not tasks:
@@ -161,7 +170,7 @@ class Runner:
             await self._drain(tasks)
         finally:
             self._remove_signal_handlers()
-        return list(self.stats.outcomes)
+        return self.stats.outcomes[first:]
 
     async def _drain(self, tasks: set[asyncio.Task[AttemptOutcome]]) -> None:
         """Let in-flight attempts finish; past the grace period (when stopping) cancel them."""
@@ -205,12 +214,27 @@ class Runner:
 
     # ----- one attempt ---------------------------------------------------------------------
     async def step(
-        self, rollout_input: Any, *, mode: str = "train", resources_id: str | None = None
+        self,
+        rollout_input: Any,
+        *,
+        resources: dict[str, Resource] | None = None,
+        resources_id: str | None = None,
+        mode: str = "train",
     ) -> AttemptOutcome:
-        """Run one rollout now, bypassing the queue (online use); returns its outcome."""
-        attempt = await self.store.start_rollout(
-            RolloutCreate(input=rollout_input, mode=mode, resources_id=resources_id), worker_id=self.worker_id
-        )
+        """Run one rollout now, bypassing the queue (online use); returns its outcome.
+
+        ``resources`` are stored as a new resources version for this rollout; ``resources_id`` names an
+        existing one; with neither the rollout gets the store's latest version.
+        """
+        if resources is not None and resources_id is not None:
+            raise ValueError("step() takes resources or resources_id, not both")
+        with suppressed():
+            if resources is not None:
+                resources_id = (await self.store.add_resources(resources)).resources_id
+            attempt = await self.store.start_rollout(
+                RolloutCreate(input=rollout_input, mode=mode, resources_id=resources_id),
+                worker_id=self.worker_id,
+            )
         return await self._run_attempt(attempt)
 
     async def _resources(self, rollout: Rollout) -> ResourcesVersion | None:
@@ -218,7 +242,8 @@ class Runner:
             return None
         cached = self._resources_cache.get(rollout.resources_id)
         if cached is None:
-            cached = await self.store.get_resources(rollout.resources_id)
+            with suppressed():
+                cached = await self.store.get_resources(rollout.resources_id)
             self._resources_cache[rollout.resources_id] = cached
         return cached
 
@@ -265,10 +290,12 @@ class Runner:
         finally:
             heartbeat.cancel()
             flusher.cancel()
-        spans = await self._flush(ctx)
+        await self._flush(ctx, final=True)
+        spans = int(ctx.extra.get("spans_stored", 0))
         if not ctx.extra.get("superseded"):
             try:
-                await self.store.update_attempt(rid, aid, status=status, error=error)
+                with suppressed():
+                    await self.store.update_attempt(rid, aid, status=status, error=error)
             except StaleAttemptError as exc:
                 log.info("attempt %s was superseded before it reported: %s", aid, exc)
             except AglError:
@@ -304,7 +331,8 @@ class Runner:
         while True:
             await asyncio.sleep(self.heartbeat_interval_s)
             try:
-                rollout = await self.store.heartbeat(ctx.rollout_id, ctx.attempt_id)
+                with suppressed():
+                    rollout = await self.store.heartbeat(ctx.rollout_id, ctx.attempt_id)
             except StaleAttemptError as exc:
                 ctx.extra["superseded"] = str(exc)
                 agent_task.cancel()
@@ -323,16 +351,31 @@ class Runner:
             if len(ctx.buffer) >= self.flush_every:
                 await self._flush(ctx)
 
-    async def _flush(self, ctx: RolloutContext) -> int:
+    async def _flush(self, ctx: RolloutContext, *, final: bool = False) -> int:
+        """Write the buffered spans; a failed periodic write keeps them for the next one, the final one retries."""
         spans = ctx.buffer.take()
         if not spans:
             return 0
-        try:
-            await self.store.add_spans(spans)
-        except AglError:
-            log.exception("could not store %d spans of attempt %s; they are lost", len(spans), ctx.attempt_id)
+        for retry in range(3 if final else 1):
+            try:
+                with suppressed():
+                    await self.store.add_spans(spans)
+                ctx.extra["spans_stored"] = ctx.extra.get("spans_stored", 0) + len(spans)
+                return len(spans)
+            except Exception:  # any store failure: telemetry never breaks the attempt
+                self.stats.span_export_errors += 1
+                log.warning(
+                    "could not store %d spans of attempt %s", len(spans), ctx.attempt_id, exc_info=True
+                )
+                if final:
+                    await asyncio.sleep(0.1 * 2**retry)
+        if not final:
+            for span in spans:
+                ctx.buffer.add(span)
             return 0
-        return len(spans)
+        self.stats.spans_lost += len(spans)
+        log.error("gave up storing %d spans of attempt %s; they are lost", len(spans), ctx.attempt_id)
+        return 0
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -102,6 +102,24 @@ def current_rollout(required: bool = True) -> RolloutContext | None:
 
 
 @contextlib.contextmanager
+def suppressed() -> Iterator[None]:
+    """Instrumentation off inside the block: agl's own store calls must never be traced as agent work."""
+    try:
+        from opentelemetry.instrumentation.utils import suppress_instrumentation
+    except ImportError:  # opentelemetry-instrumentation absent: set the API's key directly
+        from opentelemetry import context as otel_context
+
+        token = otel_context.attach(otel_context.set_value(otel_context._SUPPRESS_INSTRUMENTATION_KEY, True))
+        try:
+            yield
+        finally:
+            otel_context.detach(token)
+        return
+    with suppress_instrumentation():
+        yield
+
+
+@contextlib.contextmanager
 def rollout_context(ctx: RolloutContext) -> Iterator[RolloutContext]:
     """Make ``ctx`` the active rollout for the code inside the block."""
     token = _current.set(ctx)

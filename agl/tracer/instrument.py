@@ -32,13 +32,20 @@ _lock = threading.Lock()
 _active: dict[str, object] = {}
 
 
-def instrument(*libraries: str, required: bool = False) -> list[str]:
+def instrument(*libraries: str, required: bool = False, set_global: bool = False) -> list[str]:
     """Instrument the named libraries (default: every one installed); returns those now instrumented.
+
+    agl records through its own TracerProvider; ``set_global`` also makes it OpenTelemetry's global
+    provider (only do this if the application has none of its own).
 
     Raises:
         ConfigError: ``required`` and an instrumentor (or its library) is not installed.
     """
     names = libraries or tuple(_INSTRUMENTORS)
+    if set_global:
+        from opentelemetry import trace
+
+        trace.set_tracer_provider(tracer_provider())
     done = []
     with _lock:
         for name in names:

@@ -106,3 +106,44 @@ def test_command_agent_validates_arguments() -> None:
         agl.CommandAgent([])
     with pytest.raises(AgentError, match="task_via"):
         agl.CommandAgent(["x"], task_via="pipe")
+
+
+NODE_AGENT = """
+const task = JSON.parse(require("fs").readFileSync(0, "utf8"));
+(async () => {
+  const res = await fetch(process.env.OPENAI_BASE_URL + "/chat/completions", {
+    method: "POST",
+    headers: {"Content-Type": "application/json", "Authorization": "Bearer " + process.env.OPENAI_API_KEY},
+    body: JSON.stringify({model: process.env.AGL_MODEL, messages: [
+      {role: "system", content: "End with ANSWER: <number>."}, {role: "user", content: task.question}]}),
+  });
+  const reply = (await res.json()).choices[0].message.content;
+  const reward = reply.trim().endsWith("ANSWER: " + task.answer) ? 1 : 0;
+  await fetch(process.env.AGL_REWARD_URL, {method: "POST", body: JSON.stringify({reward: {acc: reward, len: 0.5}, primary_key: "acc"})});
+  console.error("reply:", reply, "attempt:", process.env.AGL_ATTEMPT_ID);
+})().catch((e) => { console.error(e); process.exit(2); });
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+async def test_node_agent_calls_the_model_and_posts_a_reward(tmp_path: Path) -> None:
+    from agl.testing.simulated_lm import SimulatedLMServer
+
+    script = tmp_path / "agent.js"
+    script.write_text(NODE_AGENT)
+    store = InMemoryLightningStore()
+    with SimulatedLMServer() as server:
+        await store.add_resources({"llm": LLM(endpoint=server.base_url, model="task")})
+        task = {"question": "One item-1 costs 4 dollars. What do 2 of them cost?", "answer": 8}
+        rollout = await store.enqueue_rollout(task)
+        (outcome,) = await agl.Runner(agl.CommandAgent(["node", str(script)]), store).run(max_rollouts=1)
+    assert outcome.status == AttemptStatus.SUCCEEDED, outcome.error
+    spans = (await store.query_spans(rollout_id=rollout.rollout_id)).items
+    (reward,) = [s for s in spans if s.name == sc.SPAN_REWARD]
+    assert reward.attributes[sc.REWARD_VALUE] == 1.0 and reward.attributes[sc.REWARD_VALUES] == {
+        "acc": 1.0,
+        "len": 0.5,
+    }
+    (command,) = [s for s in spans if s.name == "agl.command"]
+    assert "ANSWER: 8" in command.attributes["agl.command.stderr"]
+    assert outcome.attempt_id in command.attributes["agl.command.stderr"]

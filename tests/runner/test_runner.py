@@ -293,3 +293,83 @@ async def test_sigterm_finishes_or_hands_back_in_flight_attempts(
     assert proc.returncode == 0 and "stopped" in out
     assert (await store.get_rollout(rollout.rollout_id)).status == expected
     await store.aclose()
+
+
+async def test_step_stores_the_given_resources() -> None:
+    store = InMemoryLightningStore()
+
+    @agl.rollout
+    def agent(task: str, prompt: PromptTemplate) -> float:
+        return float(len(prompt.format(name=task)))
+
+    runner = agl.Runner(agent, store)
+    outcome = await runner.step("ab", resources={"prompt": PromptTemplate(template="hi {name}")})
+    assert outcome.status == AttemptStatus.SUCCEEDED and outcome.reward == 5.0
+    rollout = await store.get_rollout(outcome.rollout_id)
+    assert (await store.get_resources(rollout.resources_id)).resources["prompt"].template == "hi {name}"  # type: ignore[arg-type, union-attr]
+    with pytest.raises(ValueError, match="not both"):
+        await runner.step("x", resources={}, resources_id="r")
+
+
+class _WatchedStore(InMemoryLightningStore):
+    """Notes whether instrumentation was enabled during the runner's store calls; can fail span writes."""
+
+    def __init__(self, failing_writes: int = 0) -> None:
+        super().__init__()
+        self.enabled: list[tuple[str, bool]] = []
+        self.failing_writes = failing_writes
+
+    def _note(self, call: str) -> None:
+        from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+        self.enabled.append((call, is_instrumentation_enabled()))
+
+    async def add_spans(self, spans: Any) -> list[Span]:
+        self._note("add_spans")
+        if self.failing_writes:
+            self.failing_writes -= 1
+            raise agl.errors.StoreUnavailableError("store down for a moment")
+        return await super().add_spans(spans)
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Rollout:
+        self._note("heartbeat")
+        return await super().heartbeat(rollout_id, attempt_id)
+
+    async def update_attempt(self, *args: Any, **kwargs: Any) -> Any:
+        self._note("update_attempt")
+        return await super().update_attempt(*args, **kwargs)
+
+
+async def test_store_calls_run_with_instrumentation_suppressed() -> None:
+    store = _WatchedStore()
+
+    @agl.rollout
+    async def agent(task: str) -> float:
+        from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+        assert is_instrumentation_enabled()  # the agent itself stays traced
+        await asyncio.sleep(0.15)
+        return 1.0
+
+    await store.enqueue_rollout("x")
+    (outcome,) = await _run(agent, store, 1, heartbeat_interval_s=0.05)
+    assert outcome.status == AttemptStatus.SUCCEEDED
+    assert {call for call, _ in store.enabled} == {"add_spans", "heartbeat", "update_attempt"}
+    assert not any(enabled for _, enabled in store.enabled)
+
+
+async def test_span_write_failures_are_retried_counted_and_never_fail_the_agent() -> None:
+    store = _WatchedStore(failing_writes=2)
+    rollout = await store.enqueue_rollout("x")
+    runner = agl.Runner(agl.rollout(lambda task: 0.5), store, poll_interval_s=0.01)
+    (outcome,) = await runner.run(max_rollouts=1)
+    assert outcome.status == AttemptStatus.SUCCEEDED and outcome.spans == 1
+    assert runner.stats.span_export_errors == 2 and runner.stats.spans_lost == 0
+    (reward,) = await _spans(store, rollout.rollout_id)
+    assert reward.attributes[sc.REWARD_VALUE] == 0.5
+
+    store.failing_writes = 10
+    await store.enqueue_rollout("y")
+    (outcome,) = await runner.run(max_rollouts=1)
+    assert outcome.status == AttemptStatus.SUCCEEDED and outcome.spans == 0
+    assert runner.stats.spans_lost == 1

@@ -125,3 +125,130 @@ async def test_calls_outside_a_rollout_are_not_recorded(server: SimulatedLMServe
         messages=_messages(GIVEN),  # type: ignore[arg-type]
     )
     assert span_processor().converted == before
+
+
+def _word_ids(text: str) -> list[int]:
+    return [len(word) for word in text.split()]
+
+
+async def _vllm_chat(request: Any) -> Any:
+    """vLLM-style chat completion: the engine's token ids ride along in the body."""
+    from starlette.responses import JSONResponse
+
+    body = await request.json()
+    prompt = " ".join(str(m["content"]) for m in body["messages"])
+    reply = f"echo {prompt}"
+    return JSONResponse(
+        {
+            "id": f"chatcmpl-{len(prompt)}",
+            "object": "chat.completion",
+            "created": 1,
+            "model": body["model"],
+            "prompt_token_ids": _word_ids(prompt),
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": reply},
+                    "token_ids": _word_ids(reply),
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+        }
+    )
+
+
+async def _completions(request: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    body = await request.json()
+    return JSONResponse(
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "created": 1,
+            "model": body["model"],
+            "choices": [
+                {"index": 0, "finish_reason": "length", "text": body["prompt"][::-1], "logprobs": None}
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    )
+
+
+async def _responses(request: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    body = await request.json()
+    return JSONResponse(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 1,
+            "model": body["model"],
+            "status": "completed",
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [
+                        {"type": "output_text", "text": str(body["input"]).upper(), "annotations": []}
+                    ],
+                }
+            ],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": 2,
+                "output_tokens": 1,
+                "total_tokens": 3,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def engine_like() -> Any:
+    """A real HTTP server answering like a vLLM engine (token ids) and the completions/responses APIs."""
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from agl.serving import BackgroundServer
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", _vllm_chat, methods=["POST"]),
+            Route("/v1/completions", _completions, methods=["POST"]),
+            Route("/v1/responses", _responses, methods=["POST"]),
+        ]
+    )
+    agl.instrument("openai", required=True)
+    with BackgroundServer(app) as s:
+        yield s.url + "/v1"
+
+
+async def test_token_ids_completions_and_responses_apis(engine_like: str) -> None:
+    store = InMemoryLightningStore()
+    await store.add_resources({"llm": LLM(endpoint=engine_like, model="m")})
+
+    @agl.rollout
+    def agent(llm: LLM) -> None:
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="k")
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a bb ccc"}])
+        client.completions.create(model="m", prompt="hello")
+        client.responses.create(model="m", input="hey")
+
+    chat, completion, response = await _calls(store, agent)
+    assert chat.prompt_token_ids == [1, 2, 3] and chat.completion_token_ids == [4, 1, 2, 3]
+    assert chat.has_token_ids and chat.response_message == {"role": "assistant", "content": "echo a bb ccc"}
+    assert completion.api == "completions" and completion.prompt == "hello"
+    assert completion.response_message == {"role": "assistant", "content": "olleh"}
+    assert not completion.has_token_ids and completion.prompt_token_ids is None
+    assert response.api == "responses" and response.response_id == "resp_1"
+    assert response.request_messages == [{"role": "user", "content": "hey"}]
+    assert response.response_message is not None and response.response_message["content"] == "HEY"
