@@ -12,15 +12,17 @@ It also plays **critic** (model ``critic``) and **editor** (model ``editor``) by
 the rule behind the most common failure in the trajectories it is shown; the editor adds one
 instruction for an issue in the critique, choosing which by the request's ``seed`` (so branches
 differ). ``garbage_every`` / ``fail_every`` make the editor and critic misbehave on purpose.
+
+For side-by-side benchmarks with DSPy it also speaks DSPy's chat-adapter format (``[[ ## question ## ]]``
+in, ``[[ ## answer ## ]]`` out, a tool request answered as ``LOOKUP <item>``), and plays GEPA's
+reflection LM (model ``reflector``) with the same one-rule-per-edit power as the editor.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import re
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
@@ -28,93 +30,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-CATALOG_CENTS = {f"item-{i}": 100 * (3 + (i * 7) % 11) + 25 * (i % 4) for i in range(200)}
-
-#: rule name -> (what the prompt must contain, the instruction that satisfies it, the feedback a failure yields)
-RULES: dict[str, tuple[str, str, str]] = {
-    "format": (
-        "ANSWER:",
-        "End your reply with one line of the form 'ANSWER: <number>'.",
-        "wrong format: the reply must end with 'ANSWER: <number>'",
-    ),
-    "tool": (
-        "lookup tool",
-        "When a price is not given, call the lookup tool with the item name before answering.",
-        "price unknown: the agent guessed instead of calling the lookup tool",
-    ),
-    "trap": (
-        "cents",
-        "Catalog prices are in cents: convert them to dollars before computing the total.",
-        "unit error: catalog prices are in cents but the answer must be in dollars",
-    ),
-}
-
-LOOKUP_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "description": "Look up the catalog price of an item.",
-        "parameters": {"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]},
-    },
-}
-
-
-@dataclass(frozen=True, slots=True)
-class PriceTask:
-    """``level`` 1: price given (needs the format rule); 2: price only in the catalog (needs the tool);
-    3: the catalog price is in cents (needs the warning too)."""
-
-    question: str
-    answer: float
-    level: int
-
-    def as_input(self) -> dict[str, Any]:
-        return {"question": self.question, "answer": self.answer, "level": self.level}
-
-
-def make_tasks(n: int, seed: int = 0, levels: tuple[int, ...] = (1, 2, 3)) -> list[PriceTask]:
-    """``n`` tasks cycling through ``levels``, deterministic by seed."""
-    rng = random.Random(seed)
-    tasks = []
-    for i in range(n):
-        level = levels[i % len(levels)]
-        item = f"item-{rng.randrange(len(CATALOG_CENTS))}"
-        units = rng.randint(2, 9)
-        cents = CATALOG_CENTS[item]
-        if level == 1:
-            price = rng.randint(2, 40)
-            tasks.append(
-                PriceTask(
-                    f"One {item} costs {price} dollars. What do {units} of them cost?", units * price, 1
-                )
-            )
-        elif level == 2:
-            tasks.append(
-                PriceTask(f"What do {units} units of {item} cost, in catalog units?", units * cents, 2)
-            )
-        else:
-            question = f"What do {units} units of {item} cost in dollars?"
-            tasks.append(PriceTask(question, round(units * cents / 100, 2), 3))
-    return tasks
-
-
-def grade(task: dict[str, Any], reply: str, used_tool: bool) -> tuple[float, str]:
-    """Reward 1 for the right number in the required format; otherwise 0 and feedback naming the failure."""
-    match = re.search(r"ANSWER:\s*(-?[\d.]+)\s*$", reply.strip())
-    if match is None:
-        return 0.0, RULES["format"][2]
-    value = float(match.group(1))
-    if abs(value - float(task["answer"])) < 1e-6:
-        return 1.0, "correct"
-    if task["level"] >= 2 and not used_tool:
-        return 0.0, RULES["tool"][2]
-    if task["level"] == 3:
-        return 0.0, RULES["trap"][2]
-    return 0.0, f"wrong value: expected {task['answer']}, got {value}"
-
-
-def _format_number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
+from agl.testing.price_tasks import (
+    CATALOG_CENTS,
+    LOOKUP_TOOL,
+    RULES,
+    PriceTask,
+    format_number,
+    grade,
+    make_tasks,
+)
 
 
 class SimulatedLM:
@@ -123,7 +47,7 @@ class SimulatedLM:
     def __init__(self, *, garbage_every: int = 0, fail_every: int = 0) -> None:
         self.garbage_every = garbage_every
         self.fail_every = fail_every
-        self.calls = {"task": 0, "critic": 0, "editor": 0}
+        self.calls = {"task": 0, "critic": 0, "editor": 0, "reflector": 0}
         self.tokens = 0
         self._lock = threading.Lock()
 
@@ -131,8 +55,8 @@ class SimulatedLM:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return 400, _error("messages must be a non-empty list of chat messages", "messages")
-        role = str(body.get("model", "task"))
-        role = role if role in ("critic", "editor") else "task"
+        role = str(body.get("model", "task")).removeprefix("openai/")
+        role = role if role in ("critic", "editor", "reflector") else "task"
         with self._lock:
             self.calls[role] += 1
             n = self.calls[role]
@@ -142,6 +66,10 @@ class SimulatedLM:
             message: dict[str, Any] = {"role": "assistant", "content": self._critique(messages, n)}
         elif role == "editor":
             message = {"role": "assistant", "content": self._edit(messages, int(body.get("seed") or 0), n)}
+        elif role == "reflector":
+            message = {"role": "assistant", "content": self._reflect(messages)}
+        elif "[[ ## question ## ]]" in str(messages[-1].get("content")):
+            message = {"role": "assistant", "content": self._answer_dspy(messages)}
         else:
             message = self._answer(messages)
         prompt_tokens = sum(len(str(m.get("content") or "").split()) for m in messages)
@@ -183,11 +111,8 @@ class SimulatedLM:
         if given:
             total = units * int(given.group(1))
         elif tool_results:
-            cents = (
-                float(re.findall(r"[\d.]+", tool_results[-1])[0])
-                if re.findall(r"[\d.]+", tool_results[-1])
-                else 0
-            )
+            numbers = re.findall(r"\d+(?:\.\d+)?", tool_results[-1])
+            cents = float(numbers[0]) if numbers else 0.0
             total = units * cents
             if in_dollars and follows["trap"]:
                 total = round(total / 100, 2)
@@ -201,11 +126,54 @@ class SimulatedLM:
         else:
             total = units * 10  # a guess
         text = (
-            f"ANSWER: {_format_number(total)}"
+            f"ANSWER: {format_number(total)}"
             if follows["format"]
-            else f"The total is {_format_number(total)}."
+            else f"The total is {format_number(total)}."
         )
         return {"role": "assistant", "content": text}
+
+    def _answer_dspy(self, messages: list[dict[str, Any]]) -> str:
+        """The task model behind DSPy's chat adapter: same rules, tool requests as ``LOOKUP <item>``."""
+        text = str(messages[-1].get("content") or "")
+        fields = dict(re.findall(r"\[\[ ## (\w+) ## \]\]\n(.*?)(?=\n\n|\Z)", text, re.S))
+        chat: list[dict[str, Any]] = [m for m in messages if m.get("role") == "system"]
+        chat.append({"role": "user", "content": fields.get("question", "")})
+        observation = fields.get("observation", "").strip()
+        if observation and observation.lower() not in ("none", "[]", '""'):
+            chat.append({"role": "tool", "content": observation})
+        reply = self._answer(chat)
+        if reply.get("tool_calls"):
+            item = json.loads(reply["tool_calls"][0]["function"]["arguments"])["item"]
+            answer = f"LOOKUP {item}"
+        else:
+            answer = str(reply.get("content") or "")
+        return f"[[ ## answer ## ]]\n{answer}\n\n[[ ## completed ## ]]"
+
+    def _reflect(self, messages: list[dict[str, Any]]) -> str:
+        """GEPA's reflection step: current instruction in the first ``` block, feedback below it."""
+        shown = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+        dspy_field = re.search(
+            r"\[\[ ## (?:current|basic)_instruction ## \]\]\n(.*?)\n\n", shown + "\n\n", re.S
+        )
+        blocks = re.findall(r"```\n?(.*?)```", shown, re.S)
+        current = (dspy_field.group(1) if dspy_field else blocks[0] if blocks else "").strip()
+        counts = {rule: shown.count(feedback.split(":")[0]) for rule, (_, _, feedback) in RULES.items()}
+        open_issues = [
+            r
+            for r, c in sorted(counts.items(), key=lambda kv: -kv[1])
+            if c and RULES[r][0].lower() not in current.lower()
+        ]
+        new = f"{current} {RULES[open_issues[0]][1]}".strip() if open_issues else current
+        system = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "system")
+        outputs = re.findall(r"^\d+\. `(\w+)`", system.split("Your output fields are:")[-1], re.M)
+        if "Your output fields are:" in system and outputs:  # a DSPy signature (GEPA's or MIPROv2's proposer)
+            values = {name: new if "instruction" in name else "n/a" for name in outputs}
+            if "JSON object" in system:
+                return json.dumps(values)
+            return (
+                "\n\n".join(f"[[ ## {k} ## ]]\n{v}" for k, v in values.items()) + "\n\n[[ ## completed ## ]]"
+            )
+        return f"```\n{new}\n```"
 
     # ----- critic and editor -------------------------------------------------------------------
     def _critique(self, messages: list[dict[str, Any]], n: int) -> str:
@@ -306,3 +274,15 @@ class SimulatedLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+__all__ = [
+    "CATALOG_CENTS",
+    "LOOKUP_TOOL",
+    "RULES",
+    "PriceTask",
+    "SimulatedLM",
+    "SimulatedLMServer",
+    "grade",
+    "make_tasks",
+]

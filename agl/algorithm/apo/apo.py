@@ -37,20 +37,27 @@ EDITOR_SYSTEM = (
 
 @dataclass(frozen=True)
 class APOConfig:
-    """Search shape, budget and the critic/editor endpoints (any OpenAI-compatible API)."""
+    """Search shape, budget and the critic/editor endpoints (any OpenAI-compatible API).
+
+    ``gate_on_minibatch``: a child is first run on its parent's minibatch and scored on the validation
+    set only if it is not worse there, which saves most of the rollout budget on bad edits.
+    ``perfect_score``: a parent whose whole minibatch reaches it has nothing to learn from this round.
+    """
 
     critic: LLM
     editor: LLM
     beam_width: int = 2
     branch_factor: int = 2
     rounds: int = 3
-    minibatch_size: int = 8
+    minibatch_size: int = 3
     val_size: int | None = None
     max_rollouts: int | None = None
     max_llm_calls: int | None = None
     prompt_name: str = "prompt"
     worst_k: int = 3
     best_k: int = 1
+    gate_on_minibatch: bool = True
+    perfect_score: float | None = 1.0
     llm_retries: int = 2
     rollout_timeout_s: float = 600.0
     seed: int = 0
@@ -224,6 +231,8 @@ class APO:
             batch = self._rng.sample(train, min(cfg.minibatch_size, len(train)))
             ids = await self._run_rollouts(store, parent, batch, "train")
             trajectories = sorted(await load_trajectories(store, ids), key=lambda t: t.reward)
+            if cfg.perfect_score is not None and all(t.reward >= cfg.perfect_score for t in trajectories):
+                continue  # no failure to critique on this minibatch
             critique = await self._critique(parent.template, trajectories)
             if critique is None:
                 self.branches_skipped += cfg.branch_factor
@@ -232,16 +241,22 @@ class APO:
                 *(self._edit(parent.template, critique, round_no * 100 + b) for b in range(cfg.branch_factor))
             )
             seen = {c.template for c in children} | {parent.template}
+            parent_minibatch = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
             for template in edits:
                 if template is None or template in seen:
                     self.branches_skipped += 1
                     continue
                 seen.add(template)
-                children.append(
-                    await self._store_candidate(
-                        store, base, template, parent.resources_id, round_no, critique
-                    )
+                child = await self._store_candidate(
+                    store, base, template, parent.resources_id, round_no, critique
                 )
+                if cfg.gate_on_minibatch:
+                    ids = await self._run_rollouts(store, child, batch, "train")
+                    child_trajectories = await load_trajectories(store, ids)
+                    if sum(t.reward for t in child_trajectories) / max(len(ids), 1) < parent_minibatch:
+                        self.branches_skipped += 1
+                        continue
+                children.append(child)
         return children
 
     async def _critique(self, template: str, trajectories: list[Trajectory]) -> str | None:
