@@ -18,7 +18,8 @@ DEFAULT_STORE_URL = "sqlite:///agl-store.db"
 
 
 def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> LightningStore:
-    """A store for ``url``: ``memory://``, ``sqlite:///path.db`` (relative) or ``sqlite:////abs/path.db``.
+    """A store for ``url``: ``memory://``, ``sqlite:///path.db`` (relative), ``sqlite:////abs/path.db``,
+    or ``http://host:port`` (a remote store server; ``token=`` or ``AGL_STORE_TOKEN``).
 
     Raises:
         ConfigError: an unknown scheme.
@@ -29,6 +30,10 @@ def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> LightningStore:
         path = url.removeprefix("sqlite://")
         path = path[1:] if path.startswith("/") else path
         return SqliteLightningStore(path or "agl-store.db", **options)
+    if url.startswith(("http://", "https://")):
+        from agl.store.client import LightningStoreClient
+
+        return LightningStoreClient(url, **options)
     raise ConfigError(
         f"unknown store URL {url!r}; use memory://, sqlite:///path.db, postgresql://... or http://..."
     )

@@ -390,10 +390,9 @@ async def test_superseded_attempt_cannot_change_outcome(store: LightningStore, c
 
 
 async def test_background_watchdog_runs_without_calls(store: LightningStore) -> None:
-    if not hasattr(store, "clock"):
-        pytest.skip("remote client: its server owns the watchdog")
-    store.clock = time.time  # type: ignore[method-assign]
-    store.watchdog_interval_s = 0.05
+    owner = getattr(store, "inner_store", store)  # over HTTP the server-side store owns the watchdog
+    owner.clock = time.time  # type: ignore[method-assign]
+    owner.watchdog_interval_s = 0.05
     c = await _claim(store, retry=RetryConfig(timeout_s=0.1))
     await store.start()
     done = await store.wait_for_rollouts([c.rollout.rollout_id], timeout_s=5)

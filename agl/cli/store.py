@@ -1,0 +1,65 @@
+"""``agl store``: serve a LightningStore over HTTP, or print a store's statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import typer
+
+from agl.store import DEFAULT_STORE_URL, open_store
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option(
+        "127.0.0.1", help="Interface to bind; the default keeps the store off the network."
+    ),
+    port: int = typer.Option(4747, help="TCP port."),
+    backend: str = typer.Option(
+        DEFAULT_STORE_URL,
+        help="memory://, sqlite:///path.db (the default, in the working directory) or postgresql://...",
+    ),
+    token: str | None = typer.Option(
+        None,
+        envvar="AGL_STORE_TOKEN",
+        help="Require 'Authorization: Bearer TOKEN' on every route but /health.",
+    ),
+    max_body_mb: int = typer.Option(64, help="Largest request body accepted, in MiB (413 beyond)."),
+) -> None:
+    """Serve the whole LightningStore API under /v1/agl (OpenAPI at /openapi.json, OTLP at /v1/traces)."""
+    import uvicorn
+
+    from agl.store.server import create_app
+
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        typer.secho(
+            f"warning: serving on {host} without --token lets anyone on the network in", err=True, fg="yellow"
+        )
+    store = open_store(backend)
+    application = create_app(store, token=token, max_body_bytes=max_body_mb * 1024 * 1024)
+    typer.echo(f"agl store serving {backend} on http://{host}:{port}")
+    uvicorn.run(application, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+
+
+@app.command()
+def stats(
+    url: str = typer.Argument(DEFAULT_STORE_URL, help="Store URL (memory://, sqlite:///..., http://...)."),
+) -> None:
+    """Print counts by status, spans and workers of a store."""
+
+    async def run() -> None:
+        store = open_store(
+            url,
+            **(
+                {"token": os.environ["AGL_STORE_TOKEN"]}
+                if url.startswith("http") and "AGL_STORE_TOKEN" in os.environ
+                else {}
+            ),
+        )
+        typer.echo((await store.statistics()).model_dump_json(indent=2))
+        await store.aclose()
+
+    asyncio.run(run())

@@ -1,0 +1,95 @@
+"""Request bodies of the store's HTTP API: one pydantic model per route that takes a body."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from agl.schemas import AttemptStatus, Resource, RolloutCreate, RolloutStatus, Span, WireModel, WorkerStatus
+
+API_PREFIX = "/v1/agl"
+MAX_WAIT_S = 30.0
+
+
+class EnqueueRequest(WireModel):
+    rollouts: list[RolloutCreate] = Field(min_length=1, max_length=10_000)
+
+
+class DequeueRequest(WireModel):
+    worker_id: str = Field(min_length=1)
+
+
+class StartRequest(WireModel):
+    rollout: RolloutCreate
+    worker_id: str | None = None
+
+
+class RolloutPatch(WireModel):
+    status: RolloutStatus | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RolloutQuery(WireModel):
+    status: list[RolloutStatus] | None = None
+    mode: str | None = None
+    group_id: str | None = None
+    rollout_ids: list[str] | None = None
+    order_by: Literal["created_at", "updated_at", "rollout_id"] = "created_at"
+    descending: bool = False
+    limit: int = Field(100, ge=1, le=10_000)
+    cursor: str | None = None
+
+
+class WaitRequest(WireModel):
+    rollout_ids: list[str] = Field(min_length=1, max_length=100_000)
+    timeout_s: float | None = Field(None, ge=0)
+
+
+class AttemptPatch(WireModel):
+    status: AttemptStatus | None = None
+    error: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class AttemptQuery(WireModel):
+    rollout_id: str | None = None
+    status: list[AttemptStatus] | None = None
+    worker_id: str | None = None
+    limit: int = Field(100, ge=1, le=10_000)
+    cursor: str | None = None
+
+
+class SpansRequest(WireModel):
+    spans: list[Span] = Field(max_length=100_000)
+
+
+class SpanQuery(WireModel):
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    name: str | None = None
+    limit: int = Field(1000, ge=1, le=10_000)
+    cursor: str | None = None
+
+
+class ResourcesRequest(WireModel):
+    resources: dict[str, Resource]
+    resources_id: str | None = None
+    parent_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class PageQuery(WireModel):
+    limit: int = Field(100, ge=1, le=10_000)
+    cursor: str | None = None
+
+
+class WorkerPatch(WireModel):
+    status: WorkerStatus | None = None
+    host: dict[str, Any] | None = None
+
+
+class WorkerQuery(WireModel):
+    status: list[WorkerStatus] | None = None
+    limit: int = Field(100, ge=1, le=10_000)
+    cursor: str | None = None
