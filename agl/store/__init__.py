@@ -19,7 +19,8 @@ DEFAULT_STORE_URL = "sqlite:///agl-store.db"
 
 def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> LightningStore:
     """A store for ``url``: ``memory://``, ``sqlite:///path.db`` (relative), ``sqlite:////abs/path.db``,
-    or ``http://host:port`` (a remote store server; ``token=`` or ``AGL_STORE_TOKEN``).
+    ``postgresql://user@host:port/db?schema=NAME`` or ``http://host:port`` (a remote store server;
+    ``token=`` or ``AGL_STORE_TOKEN``).
 
     Raises:
         ConfigError: an unknown scheme.
@@ -30,6 +31,17 @@ def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> LightningStore:
         path = url.removeprefix("sqlite://")
         path = path[1:] if path.startswith("/") else path
         return SqliteLightningStore(path or "agl-store.db", **options)
+    if url.startswith(("postgresql://", "postgres://")):
+        from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+        from agl.store.postgres import PostgresLightningStore
+
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query))
+        if "schema" in query:  # agl's own option; libpq would reject it
+            options.setdefault("schema", query.pop("schema"))
+        dsn = urlunsplit(parts._replace(query=urlencode(query)))
+        return PostgresLightningStore(dsn, **options)
     if url.startswith(("http://", "https://")):
         from agl.store.client import LightningStoreClient
 

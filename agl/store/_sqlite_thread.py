@@ -1,4 +1,4 @@
-"""Group commit for SQLite: one thread owns the connection and runs queued calls in shared transactions.
+"""Group commit for SQL stores: one thread owns the connection and runs queued calls in shared transactions.
 
 Calls from any event loop or thread are queued; the thread takes everything queued so far and runs
 it in one transaction (``BEGIN IMMEDIATE`` when any call writes), each call in its own savepoint so
@@ -13,11 +13,12 @@ import contextlib
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agl.errors import StoreError
+from agl.errors import AglError, StoreError
 
 R = TypeVar("R")
 Conn = sqlite3.Connection
@@ -44,11 +45,12 @@ def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | No
 
 
 def _convert(exc: Exception) -> Exception:
-    if isinstance(exc, sqlite3.Error):
-        converted = StoreError(f"SQLite error: {exc}")
-        converted.__cause__ = exc
-        return converted
-    return exc
+    """Database driver errors become StoreError (cause kept); agl's own errors pass through."""
+    if isinstance(exc, AglError):
+        return exc
+    converted = StoreError(f"database error ({type(exc).__name__}): {exc}")
+    converted.__cause__ = exc
+    return converted
 
 
 class GroupCommitThread:
@@ -57,9 +59,19 @@ class GroupCommitThread:
     ``on_finished`` is called after COMMIT with the rollout ids a call appended to ``finished``.
     """
 
-    def __init__(self, conn: Conn, name: str, on_finished: Callable[[Iterable[str]], None]) -> None:
+    def __init__(
+        self,
+        conn: Any,
+        name: str,
+        on_finished: Callable[[Iterable[str]], None],
+        *,
+        begin_write: str = "BEGIN IMMEDIATE",
+        is_retryable: Callable[[BaseException], bool] = lambda exc: False,
+    ) -> None:
         self._conn = conn
         self._on_finished = on_finished
+        self._begin_write = begin_write
+        self._is_retryable = is_retryable
         self._ops: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self.closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -102,12 +114,12 @@ class GroupCommitThread:
         conn = self._conn
         outcomes: list[tuple[_Op, Any, BaseException | None]] = []
         try:
-            conn.execute("BEGIN IMMEDIATE" if any(op.write for op in batch) else "BEGIN")
+            conn.execute(self._begin_write if any(op.write for op in batch) else "BEGIN")
             for op in batch:
                 outcomes.append(self._run_op(op))
             conn.execute("COMMIT")
         except Exception as exc:  # the transaction itself failed: nothing of the group is kept
-            with contextlib.suppress(sqlite3.Error):
+            with contextlib.suppress(Exception):
                 conn.execute("ROLLBACK")
             group_error = _convert(exc)
             outcomes = [(op, None, group_error) for op in batch]
@@ -117,15 +129,21 @@ class GroupCommitThread:
             with contextlib.suppress(RuntimeError):  # the caller's loop has closed
                 op.loop.call_soon_threadsafe(_deliver, op.future, result, error)
 
-    def _run_op(self, op: _Op) -> tuple[_Op, Any, BaseException | None]:
+    def _run_op(self, op: _Op, tries: int = 8) -> tuple[_Op, Any, BaseException | None]:
+        """One call in its own savepoint; a deadlock or serialization failure is retried in place."""
         conn = self._conn
-        conn.execute("SAVEPOINT op")
-        try:
-            result = op.fn(conn, op.finished)
-        except Exception as exc:
-            conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
-            op.finished.clear()
-            return op, None, _convert(exc)
-        conn.execute("RELEASE op")
-        return op, result, None
+        for attempt in range(tries):
+            conn.execute("SAVEPOINT op")
+            try:
+                result = op.fn(conn, op.finished)
+            except Exception as exc:
+                conn.execute("ROLLBACK TO SAVEPOINT op")
+                conn.execute("RELEASE SAVEPOINT op")
+                op.finished.clear()
+                if self._is_retryable(exc) and attempt < tries - 1:
+                    time.sleep(0.005 * 2**attempt)
+                    continue
+                return op, None, _convert(exc)
+            conn.execute("RELEASE SAVEPOINT op")
+            return op, result, None
+        raise AssertionError("unreachable")

@@ -75,15 +75,18 @@ class SqliteLightningStore(LightningStore):
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(
+        conn = sqlite3.connect(
             self.path, check_same_thread=False, isolation_level=None, timeout=busy_timeout_s
         )
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute(f"PRAGMA synchronous={synchronous}")
-        self._conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute("PRAGMA foreign_keys=ON")
         with contextlib.suppress(sqlite3.OperationalError):  # another process created it first
-            self._conn.executescript(SCHEMA)
-        self._db = GroupCommitThread(self._conn, f"agl-sqlite-{Path(self.path).name}", self._waiters.notify)
+            conn.executescript(SCHEMA)
+        self._db = GroupCommitThread(conn, f"agl-sqlite-{Path(self.path).name}", self._waiters.notify)
+
+    #: appended to the dequeue SELECT; PostgreSQL sets ``FOR UPDATE SKIP LOCKED``
+    _claim_lock = ""
 
     async def _call(self, fn: Callable[[Conn, list[str]], R], *, write: bool = True) -> R:
         return await self._db.call(fn, write=write)
@@ -121,19 +124,16 @@ class SqliteLightningStore(LightningStore):
         return int(conn.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()[0])
 
     def _save_rollout(self, conn: Conn, rollout: Rollout, *, enqueue: bool = False) -> None:
-        queue_pos: int | None = self._next_counter(conn, "queue") if enqueue else None
+        """Write the rollout back; ``enqueue`` puts it at the queue's tail, a non-queued status takes it out."""
+        queue = ""
+        args: tuple[Any, ...] = ()
+        if enqueue:
+            queue, args = ", queue_pos=?", (self._next_counter(conn, "queue"),)
+        elif not rollout.status.is_queued:
+            queue = ", queue_pos=NULL"
         conn.execute(
-            "UPDATE rollouts SET status=?, updated_at=?, data=?, queue_pos=CASE WHEN ? THEN ? "
-            "WHEN ? THEN queue_pos ELSE NULL END WHERE rollout_id=?",
-            (
-                rollout.status.value,
-                rollout.updated_at,
-                rollout.model_dump_json(),
-                enqueue,
-                queue_pos,
-                rollout.status.is_queued,
-                rollout.rollout_id,
-            ),
+            f"UPDATE rollouts SET status=?, updated_at=?, data=?{queue} WHERE rollout_id=?",
+            (rollout.status.value, rollout.updated_at, rollout.model_dump_json(), *args, rollout.rollout_id),
         )
 
     @staticmethod
@@ -142,7 +142,7 @@ class SqliteLightningStore(LightningStore):
             "UPDATE attempts SET status=?, live=?, data=? WHERE attempt_id=?",
             (
                 attempt.status.value,
-                not attempt.status.is_terminal,
+                int(not attempt.status.is_terminal),
                 attempt.model_dump_json(),
                 attempt.attempt_id,
             ),
@@ -276,6 +276,7 @@ class SqliteLightningStore(LightningStore):
             self._touch_worker(conn, worker_id, self.clock())
             row = conn.execute(
                 "SELECT data FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos LIMIT 1"
+                + self._claim_lock
             ).fetchone()
             if row is None:
                 return None
@@ -332,7 +333,7 @@ class SqliteLightningStore(LightningStore):
         where, args = [], []
         if status is not None:
             values = [RolloutStatus(s).value for s in status]
-            where.append(f"status IN ({','.join('?' * len(values))})" if values else "0")
+            where.append(f"status IN ({','.join('?' * len(values))})" if values else "1=0")
             args += values
         if mode is not None:
             where.append("mode=?")
@@ -342,7 +343,7 @@ class SqliteLightningStore(LightningStore):
             args.append(group_id)
         if rollout_ids is not None:
             ids = list(rollout_ids)
-            where.append(f"rollout_id IN ({','.join('?' * len(ids))})" if ids else "0")
+            where.append(f"rollout_id IN ({','.join('?' * len(ids))})" if ids else "1=0")
             args += ids
         column = {"created_at": "pos", "updated_at": "updated_at", "rollout_id": "rollout_id"}[order_by]
         return await self._page(
@@ -470,7 +471,7 @@ class SqliteLightningStore(LightningStore):
             args.append(rollout_id)
         if status is not None:
             values = [AttemptStatus(s).value for s in status]
-            where.append(f"status IN ({','.join('?' * len(values))})" if values else "0")
+            where.append(f"status IN ({','.join('?' * len(values))})" if values else "1=0")
             args += values
         if worker_id is not None:
             where.append("worker_id=?")
@@ -710,7 +711,7 @@ class SqliteLightningStore(LightningStore):
         where, args = [], []
         if status is not None:
             values = [WorkerStatus(s).value for s in status]
-            where.append(f"status IN ({','.join('?' * len(values))})" if values else "0")
+            where.append(f"status IN ({','.join('?' * len(values))})" if values else "1=0")
             args += values
         if cursor is not None:
             after, _ = decode_cursor(cursor)

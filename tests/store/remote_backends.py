@@ -14,7 +14,9 @@ from agl.store.server import create_app
 
 
 @contextlib.asynccontextmanager
-async def serve(inner: LightningStore, token: str | None = None) -> AsyncIterator[LightningStoreClient]:
+async def serve(
+    inner: LightningStore, token: str | None = None, close_inner: bool = True
+) -> AsyncIterator[LightningStoreClient]:
     """``inner`` behind a server on a free port; yields a client whose ``inner_store`` is ``inner``."""
     with BackgroundServer(create_app(inner, token=token)) as server:
         client = LightningStoreClient(server.url, token=token, retries=2, backoff_s=0.05)
@@ -23,7 +25,8 @@ async def serve(inner: LightningStore, token: str | None = None) -> AsyncIterato
             yield client
         finally:
             await client.aclose()
-    await inner.aclose()
+    if close_inner:
+        await inner.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -41,3 +44,58 @@ async def _http_sqlite(tmp_path: Path, clock: Any) -> AsyncIterator[LightningSto
 
 
 REMOTE_BACKENDS = {"http-memory": _http_memory, "http-sqlite": _http_sqlite}
+
+
+PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def postgres_reachable() -> str | None:
+    """None when PostgreSQL answers at PG_DSN, else the reason it does not."""
+    try:
+        import psycopg
+
+        psycopg.connect(PG_DSN, connect_timeout=3).close()
+    except Exception as exc:
+        return f"PostgreSQL at {PG_DSN} is not reachable ({exc}); .ci/run starts it"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def postgres_store(clock: Any = None) -> AsyncIterator[LightningStore]:
+    """A PostgresLightningStore in a fresh schema, dropped afterwards."""
+    import uuid
+
+    import psycopg
+    import pytest
+
+    from agl.store.postgres import PostgresLightningStore
+
+    reason = postgres_reachable()
+    if reason:
+        pytest.skip(reason)
+    schema = f"agl_test_{uuid.uuid4().hex[:10]}"
+    kwargs: dict[str, Any] = {"schema": schema, "watchdog_interval_s": 0}
+    if clock is not None:
+        kwargs["clock"] = clock
+    store = PostgresLightningStore(PG_DSN, **kwargs)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@contextlib.asynccontextmanager
+async def _postgres(tmp_path: Path, clock: Any) -> AsyncIterator[LightningStore]:
+    async with postgres_store(clock) as store:
+        yield store
+
+
+@contextlib.asynccontextmanager
+async def _http_postgres(tmp_path: Path, clock: Any) -> AsyncIterator[LightningStore]:
+    async with postgres_store(clock) as inner, serve(inner, close_inner=False) as client:
+        yield client
+
+
+REMOTE_BACKENDS.update({"postgres": _postgres, "http-postgres": _http_postgres})

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,28 @@ def _start_server(backend: str, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("store server did not start")
 
 
-async def test_kill_9_server_mid_load_loses_nothing_acknowledged(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/crash.db"
+        return
+    from tests.store.remote_backends import PG_DSN, postgres_reachable
+
+    reason = postgres_reachable()
+    if reason:
+        pytest.skip(reason)
+    import uuid
+
+    import psycopg
+
+    schema = f"agl_crash_{uuid.uuid4().hex[:8]}"
+    yield f"{PG_DSN}?schema={schema}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+async def test_kill_9_server_mid_load_loses_nothing_acknowledged(backend: str) -> None:
     port = _free_port()
-    backend = f"sqlite:///{tmp_path}/crash.db"
     server = _start_server(backend, port)
     client = LightningStoreClient(f"http://127.0.0.1:{port}", retries=60, backoff_s=0.05, timeout_s=10)
     retry = RetryConfig(max_attempts=5, heartbeat_timeout_s=1.5)

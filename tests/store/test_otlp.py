@@ -29,9 +29,12 @@ async def test_sdk_exporter_protobuf_into_the_store() -> None:
         import asyncio
 
         def emit() -> None:
-            with tracer.start_as_current_span(
-                "plan", attributes={sc.ATTEMPT_ID: aid, "step": 1, "tags": ["a", "b"]}
-            ), tracer.start_as_current_span("act", attributes={sc.ATTEMPT_ID: aid, "ok": True}) as act:
+            with (
+                tracer.start_as_current_span(
+                    "plan", attributes={sc.ATTEMPT_ID: aid, "step": 1, "tags": ["a", "b"]}
+                ),
+                tracer.start_as_current_span("act", attributes={sc.ATTEMPT_ID: aid, "ok": True}) as act,
+            ):
                 act.add_event("tool", {"name": "calc"})
             provider.shutdown()
 

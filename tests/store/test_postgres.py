@@ -1,0 +1,44 @@
+"""PostgreSQL specifics: several store servers sharing one database never double-claim or lose a rollout."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agl.schemas import AttemptStatus, RolloutCreate, Span
+from agl.store import open_store
+from agl.store.postgres import PostgresLightningStore
+from tests.store.remote_backends import PG_DSN, postgres_store, serve
+
+
+async def test_two_servers_one_database_split_runners() -> None:
+    async with postgres_store() as first_inner:
+        assert isinstance(first_inner, PostgresLightningStore)
+        second_inner = PostgresLightningStore(PG_DSN, schema=first_inner.schema, watchdog_interval_s=0)
+        async with serve(first_inner, close_inner=False) as a, serve(second_inner) as b:
+            created = await a.enqueue_rollouts([RolloutCreate(input=i) for i in range(120)])
+            claimed: list[str] = []
+
+            async def runner(client, name: str) -> None:  # type: ignore[no-untyped-def]
+                while (c := await client.dequeue(name)) is not None:
+                    claimed.append(c.rollout.rollout_id)
+                    await client.add_spans([Span.new(c.rollout.rollout_id, c.attempt.attempt_id, "work")])
+                    await client.update_attempt(
+                        c.rollout.rollout_id, c.attempt.attempt_id, status=AttemptStatus.SUCCEEDED
+                    )
+
+            await asyncio.gather(*(runner(a if i % 2 else b, f"r{i}") for i in range(12)))
+            assert sorted(claimed) == sorted(r.rollout_id for r in created)  # each exactly once
+            done = await b.wait_for_rollouts([r.rollout_id for r in created], timeout_s=10)
+            assert len(done) == 120
+            stats = await a.statistics()
+            assert stats.spans == 120 and stats.rollouts_by_status == {"succeeded": 120}
+
+
+async def test_open_store_postgres_url_with_schema() -> None:
+    async with postgres_store() as owner:
+        assert isinstance(owner, PostgresLightningStore)
+        await owner.enqueue_rollout("x")
+        other = open_store(f"{PG_DSN}?schema={owner.schema}")
+        assert isinstance(other, PostgresLightningStore) and other.schema == owner.schema
+        assert (await other.statistics()).rollouts_by_status == {"queuing": 1}
+        await other.aclose()
