@@ -1,0 +1,43 @@
+"""``agl gateway serve``: run the OpenAI-compatible LLM gateway in front of one or more model servers."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+@app.command()
+def serve(
+    upstream: list[str] = typer.Option(
+        ..., help="Upstream base URL (http://host:port/v1); repeat for replicas."
+    ),
+    store: str = typer.Option("sqlite:///agl-store.db", help="Store URL: memory://, sqlite:///path.db, ..."),
+    host: str = typer.Option("127.0.0.1", help="Interface to bind."),
+    port: int = typer.Option(8100, help="Port to bind."),
+    kind: str = typer.Option("vllm", help="Upstream kind: vllm, agl (ask for token ids) or openai (do not)."),
+    api_key: str | None = typer.Option(
+        None,
+        envvar="AGL_GATEWAY_UPSTREAM_API_KEY",
+        help="Key sent upstream (prefer the environment variable).",
+    ),
+    record_unattributed: bool = typer.Option(False, help="Also record calls that name no rollout."),
+    max_attempts: int = typer.Option(3, help="Tries per call across replicas."),
+) -> None:
+    """Proxy /v1 and /rollout/<id>/attempt/<id>/v1 to UPSTREAM, recording each call in STORE."""
+    import uvicorn
+    from pydantic import ValidationError
+
+    from agl.gateway import Gateway, GatewayConfig, UpstreamConfig
+    from agl.store import open_store
+
+    try:
+        upstreams = [UpstreamConfig(url=u, kind=kind, api_key=api_key) for u in upstream]  # type: ignore[arg-type]
+        config = GatewayConfig(record_unattributed=record_unattributed, max_attempts=max_attempts)
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    gateway = Gateway(open_store(store), upstreams, config)
+    typer.echo(f"agl gateway on http://{host}:{port}/v1 -> {', '.join(upstream)} (store {store})")
+    uvicorn.run(
+        gateway.app, host=host, port=port, log_level="warning", interface="asgi3", proxy_headers=False
+    )

@@ -1,0 +1,392 @@
+"""The gateway: an OpenAI-compatible ASGI proxy that attributes each model call to a rollout and records it.
+
+Agents reach it at ``/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (``attempt_id`` may be ``latest``) or
+at ``/v1`` with ``x-agl-rollout-id`` / ``x-agl-attempt-id`` headers. Calls without a rollout are proxied
+and recorded only with ``GatewayConfig.record_unattributed`` (under one rollout of mode ``gateway``).
+The hot path is a raw ASGI handler: attribution is a cached dict lookup, bodies are passed as bytes, and
+span building happens in the background recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from agl.errors import GatewayError, NotFoundError
+from agl.gateway.config import GatewayConfig, UpstreamConfig
+from agl.gateway.proxy import Forwarder
+from agl.gateway.recording import CallRecord, SpanBatcher, now_ns
+from agl.gateway.upstreams import UpstreamPool
+from agl.gateway.validation import API_PATHS, HTTPError, parse_request, traceparent
+from agl.schemas.rollout import RolloutCreate
+from agl.serving import BackgroundServer
+from agl.store.base import LightningStore
+
+logger = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+_JSON = [(b"content-type", b"application/json")]
+_MAX_BODY = 64 * 1024 * 1024
+
+
+class Gateway:
+    """``Gateway(store, upstreams=[url, ...])``: ``await gw.app(scope, receive, send)`` or ``gw.start()``.
+
+    ``upstreams`` are base URLs (``http://host:port/v1``) or :class:`UpstreamConfig`. ``start()`` serves on a
+    background thread (port 0: a free port); ``stop()`` drains the recorder into the store.
+    """
+
+    def __init__(
+        self,
+        store: LightningStore,
+        upstreams: Sequence[str | UpstreamConfig],
+        config: GatewayConfig | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if not upstreams:
+            raise GatewayError("a gateway needs at least one upstream URL (e.g. http://127.0.0.1:8000/v1)")
+        self.store = store
+        self.config = config or GatewayConfig()
+        self.upstreams = [u if isinstance(u, UpstreamConfig) else UpstreamConfig(url=u) for u in upstreams]
+        self.pool = UpstreamPool(self.upstreams)
+        self.forwarder = Forwarder(self.pool, self.config)
+        self.paused = False
+        self.inflight = 0
+        self._drained = asyncio.Event()
+        self._secrets = tuple(u.api_key for u in self.upstreams if u.api_key)
+        self._attribution: dict[tuple[str, str], tuple[str, str | None]] = {}
+        self._unattributed: tuple[str, str] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batcher: SpanBatcher | None = None
+        self._server = BackgroundServer(
+            self.app, host=host, port=port, interface="asgi3", proxy_headers=False
+        )
+
+    # ----- lifecycle ------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return self._server.url
+
+    @property
+    def base_url(self) -> str:
+        """The unattributed OpenAI base URL."""
+        return f"{self.url}/v1"
+
+    @property
+    def endpoint_template(self) -> str:
+        """An ``LLM.endpoint`` the runner scopes per rollout (see :meth:`agl.schemas.LLM.base_url`)."""
+        return f"{self.url}/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1"
+
+    def rollout_base_url(self, rollout_id: str, attempt_id: str = "latest") -> str:
+        return f"{self.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+
+    def start(self) -> Gateway:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()  # the lifespan shutdown flushes the recorder
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _runtime(self) -> SpanBatcher:
+        """The upstream session, recorder and health task, created on first use in the serving loop."""
+        if self._batcher is None:
+            cfg = self.config
+            self._loop = asyncio.get_running_loop()
+            self.forwarder.open()
+            self._batcher = SpanBatcher(
+                self.store,
+                queue_size=cfg.queue_size,
+                batch_size=cfg.batch_size,
+            )
+            self._batcher.start()
+        return self._batcher
+
+    async def aclose(self) -> None:
+        """Flush recorded spans and close upstream connections (the lifespan shutdown calls this)."""
+        if self._batcher is not None:
+            await self._batcher.aclose()
+        await self.forwarder.aclose()
+        self._batcher = self._loop = None
+
+    async def _on_loop(self, coro_fn: Any) -> Any:
+        """Run ``coro_fn()`` on the serving loop (callers may live on another loop or thread)."""
+        loop, current = self._loop, asyncio.get_running_loop()
+        if loop is None or loop is current or loop.is_closed():
+            return await coro_fn()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro_fn(), loop))
+
+    # ----- control --------------------------------------------------------------------------
+    async def pause(self, timeout_s: float | None = None) -> dict[str, float]:
+        """Refuse new calls (429 + Retry-After) and return once in-flight calls have finished."""
+        return dict(await self._on_loop(lambda: self._pause(timeout_s)))
+
+    async def _pause(self, timeout_s: float | None) -> dict[str, float]:
+        self.paused = True
+        start, at_pause = time.monotonic(), self.inflight
+        if self.inflight:
+            self._drained.clear()
+            try:
+                await asyncio.wait_for(self._drained.wait(), timeout_s)
+            except TimeoutError:
+                raise GatewayError(
+                    f"{self.inflight} calls still in flight after {timeout_s}s; the gateway stays paused"
+                ) from None
+        return {"inflight_at_pause": float(at_pause), "drain_s": round(time.monotonic() - start, 4)}
+
+    async def resume(self) -> None:
+        self.paused = False
+
+    async def flush(self) -> None:
+        """Return once every call finished so far is in the store."""
+        await self._on_loop(self._flush)
+
+    async def _flush(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.flush()
+
+    def stats(self) -> dict[str, Any]:
+        b = self._batcher
+        return {
+            "paused": self.paused,
+            "inflight": self.inflight,
+            "recorded_spans": b.recorded if b else 0,
+            "dropped_spans": b.dropped if b else 0,
+            "failed_spans": b.failed if b else 0,
+            "queued_spans": b.queue.qsize() if b else 0,
+            "upstreams": [
+                {
+                    "backend": r.config.backend,
+                    "healthy": r.healthy,
+                    "inflight": r.inflight,
+                    "calls": r.calls,
+                    "failures": r.failures,
+                }
+                for r in self.pool.replicas
+            ],
+        }
+
+    # ----- ASGI -----------------------------------------------------------------------------
+    async def app(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._route(scope, receive, send)
+        except HTTPError as exc:
+            await _send_error(send, exc)
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._runtime()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _route(self, scope: Scope, receive: Any, send: Any) -> None:
+        path, method = scope["path"], scope["method"]
+        rollout_id = attempt_id = None
+        if path.startswith("/rollout/"):
+            parts = path.split("/", 6)  # '', rollout, rid, attempt, aid, v1, rest
+            if len(parts) >= 6 and parts[3] == "attempt" and parts[2] and parts[4]:
+                rollout_id, attempt_id, path = parts[2], parts[4], "/" + "/".join(parts[5:])
+            else:
+                raise HTTPError(
+                    404, f"unknown path {scope['path']}; use /rollout/<id>/attempt/<id|latest>/v1/..."
+                )
+        if path.startswith("/v1/"):
+            api = API_PATHS.get(path[4:])
+            if api is not None:
+                _need(method, "POST", path)
+                await self._model_call(scope, receive, send, api, rollout_id, attempt_id)
+                return
+            if path == "/v1/models":
+                _need(method, "GET", path)
+                await _send_json(send, 200, await self._models())
+                return
+        await self._admin(path, method, scope, receive, send)
+
+    async def _admin(self, path: str, method: str, scope: Scope, receive: Any, send: Any) -> None:
+        if path == "/health":
+            await _send_json(send, 200, {"status": "ok", "paused": self.paused})
+        elif path == "/admin/stats":
+            await _send_json(send, 200, self.stats())
+        elif path == "/admin/pause":
+            _need(method, "POST", path)
+            await _send_json(send, 200, {"paused": True, **(await self._pause(None))})
+        elif path == "/admin/resume":
+            _need(method, "POST", path)
+            await self.resume()
+            await _send_json(send, 200, {"paused": False})
+        elif path == "/admin/flush":
+            _need(method, "POST", path)
+            await self._flush()
+            await _send_json(send, 200, {"flushed": True})
+        else:
+            raise HTTPError(404, f"unknown path {scope['path']}", code="not_found")
+
+    async def _models(self) -> dict[str, Any]:
+        self._runtime()
+        ids = await self.forwarder.list_models()
+        return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "agl"} for m in ids]}
+
+    # ----- model calls ----------------------------------------------------------------------
+    async def _model_call(
+        self, scope: Scope, receive: Any, send: Any, api: str, rollout_id: str | None, attempt_id: str | None
+    ) -> None:
+        if self.paused:
+            raise HTTPError(
+                429,
+                f"the gateway is paused for a model update; retry after {self.config.retry_after_s} s",
+                type_="rate_limit_error",
+                code="gateway_paused",
+                headers=[(b"retry-after", str(self.config.retry_after_s).encode())],
+            )
+        batcher = self._runtime()
+        self.inflight += 1
+        try:
+            start = now_ns()
+            headers = dict(scope["headers"])
+            raw = await _read_body(receive)
+            rollout_id = rollout_id or _header(headers, b"x-agl-rollout-id")
+            attempt_id = attempt_id or _header(headers, b"x-agl-attempt-id") or "latest"
+            target = await self._attribute(rollout_id, attempt_id)
+            auth = _header(headers, b"authorization")
+            record = None
+            if target is not None:
+                trace = traceparent(_header(headers, b"traceparent"))
+                record = CallRecord(
+                    target[0],
+                    target[1],
+                    target[2],
+                    api,
+                    {},
+                    start,
+                    secrets=self._secrets + ((auth.removeprefix("Bearer ").strip(),) if auth else ()),
+                    trace_id=trace[0] if trace else None,
+                    parent_id=trace[1] if trace else None,
+                )
+            try:
+                request = parse_request(api, raw)
+                if record is not None:
+                    record.request = request
+                await self.forwarder.forward(api, request, raw, auth, rollout_id, record, send)
+            except HTTPError as exc:
+                if record is not None:
+                    record.status_code, record.error, record.end_ns = exc.status, exc.message, now_ns()
+                    if not record.request:
+                        record.request = {"_raw": raw[:4096].decode(errors="replace")}
+                raise
+            finally:
+                if record is not None:
+                    record.end_ns = record.end_ns or now_ns()
+                    batcher.submit(record)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._drained.set()
+
+    async def _attribute(self, rollout_id: str | None, attempt_id: str) -> tuple[str, str, str | None] | None:
+        """``(rollout_id, attempt_id, resources_id)`` the call belongs to, or None when it is unrecorded."""
+        if rollout_id is None:
+            if not self.config.record_unattributed:
+                return None
+            if self._unattributed is None:
+                started = await self.store.start_rollout(
+                    RolloutCreate(mode="gateway", metadata={"agl.gateway": "unattributed calls"})
+                )
+                self._unattributed = (started.rollout.rollout_id, started.attempt.attempt_id)
+            return (*self._unattributed, None)
+        cached = self._attribution.get((rollout_id, attempt_id))
+        if cached is not None:
+            return rollout_id, cached[0], cached[1]
+        try:
+            rollout = await self.store.get_rollout(rollout_id)
+            attempts = (await self.store.query_attempts(rollout_id=rollout_id, limit=1000)).items
+        except NotFoundError:
+            raise HTTPError(
+                404, f"unknown rollout {rollout_id!r}", param="rollout_id", code="rollout_not_found"
+            ) from None
+        if attempt_id == "latest":
+            if not attempts:
+                raise HTTPError(
+                    404,
+                    f"rollout {rollout_id!r} has no attempt yet",
+                    param="attempt_id",
+                    code="attempt_not_found",
+                )
+            return rollout_id, max(attempts, key=lambda a: a.attempt_number).attempt_id, rollout.resources_id
+        if not any(a.attempt_id == attempt_id for a in attempts):
+            raise HTTPError(
+                404,
+                f"rollout {rollout_id!r} has no attempt {attempt_id!r}",
+                param="attempt_id",
+                code="attempt_not_found",
+            )
+        if len(self._attribution) >= self.config.attribution_cache_size > 0:
+            self._attribution.pop(next(iter(self._attribution)))
+        if self.config.attribution_cache_size:
+            self._attribution[(rollout_id, attempt_id)] = (attempt_id, rollout.resources_id)
+        return rollout_id, attempt_id, rollout.resources_id
+
+
+def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:
+    value = headers.get(name)
+    return value.decode("latin-1") if value else None
+
+
+def _need(method: str, expected: str, path: str) -> None:
+    if method != expected:
+        raise HTTPError(405, f"{path} takes {expected}, got {method}", code="method_not_allowed")
+
+
+async def _read_body(receive: Any) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HTTPError(400, "the client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > _MAX_BODY:
+            raise HTTPError(413, f"the request body is over {_MAX_BODY} bytes", code="body_too_large")
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+async def _send_json(
+    send: Any, status: int, value: Any, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = orjson.dumps(value)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Any, exc: HTTPError) -> None:
+    await _send_json(send, exc.status, exc.body(), exc.headers)
