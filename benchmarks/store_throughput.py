@@ -7,6 +7,8 @@ random generator. Prints one JSON line; ``--json PATH`` also writes it to a file
 
     python benchmarks/store_throughput.py --backend memory
     python benchmarks/store_throughput.py --backend sqlite --rollouts 1024 --runners 32
+    python benchmarks/store_throughput.py --http --backend sqlite --processes 4   # server + runner processes
+    python benchmarks/store_throughput.py --http --backend postgresql://postgres@127.0.0.1:5432/test?schema=bench
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agl.schemas import AttemptStatus, RolloutCreate, Span  # noqa: E402
-from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore  # noqa: E402
+from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore, open_store  # noqa: E402
 
 
 def attribute_pool(n: int, seed: int, target_bytes: int = 6000) -> list[dict[str, Any]]:
@@ -125,7 +127,13 @@ def make_store(backend: str, workdir: str) -> LightningStore:
         return InMemoryLightningStore()
     if backend == "sqlite":
         return SqliteLightningStore(Path(workdir) / "bench.db")
-    raise SystemExit(f"unknown --backend {backend!r}; use memory or sqlite")
+    if backend.startswith("postgres"):
+        return open_store(backend)
+    raise SystemExit(f"unknown --backend {backend!r}; use memory, sqlite or postgresql://...")
+
+
+def backend_url(backend: str, workdir: str) -> str:
+    return {"memory": "memory://", "sqlite": f"sqlite:///{workdir}/bench.db"}.get(backend, backend)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -149,6 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     assert rollouts == args.rollouts and stats.spans == spans, (rollouts, spans, stats)
     return {
         "benchmark": "store_throughput",
+        "mode": "in-process",
         "backend": args.backend,
         "rollouts": rollouts,
         "runners": args.runners,
@@ -162,18 +171,134 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _runner_process(url: str, first: int, count: int, seed: int, sleep_s: float, out: Any) -> None:
+    """One runner process: ``count`` async runners against the server; reports counts and latencies."""
+    from agl.store.client import LightningStoreClient
+
+    async def go() -> None:
+        client = LightningStoreClient(url)
+        pool = attribute_pool(64, seed)
+        timings = Timings()
+        results = await asyncio.gather(
+            *(
+                runner(client, f"runner-{first + i}", pool, random.Random(seed + first + i), sleep_s, timings)
+                for i in range(count)
+            )
+        )
+        await client.aclose()
+        out.put(
+            {
+                "rollouts": sum(r for r, _ in results),
+                "spans": sum(s for _, s in results),
+                "ms": dict(timings.ms),
+                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+
+    asyncio.run(go())
+
+
+async def run_http(args: argparse.Namespace) -> dict[str, Any]:
+    import multiprocessing as mp
+    import socket
+    import subprocess
+
+    import psutil
+
+    from agl.store.client import LightningStoreClient
+
+    with tempfile.TemporaryDirectory() as workdir:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        url = f"http://127.0.0.1:{port}"
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "agl",
+                "store",
+                "serve",
+                "--backend",
+                backend_url(args.backend, workdir),
+                "--port",
+                str(port),
+            ],
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        client = LightningStoreClient(url, retries=50, backoff_s=0.1)
+        while not await client.health():
+            await asyncio.sleep(0.1)
+        await client.enqueue_rollouts([RolloutCreate(input={"i": i}) for i in range(args.rollouts)])
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        per = [
+            args.runners // args.processes + (1 if i < args.runners % args.processes else 0)
+            for i in range(args.processes)
+        ]
+        procs = [
+            ctx.Process(target=_runner_process, args=(url, sum(per[:i]), n, args.seed, args.sleep, out))
+            for i, n in enumerate(per)
+        ]
+        server_proc = psutil.Process(server.pid)
+        peak_server_rss = 0.0
+        start = time.perf_counter()
+        for proc in procs:
+            proc.start()
+        reports = []
+        while len(reports) < len(procs):
+            try:
+                reports.append(await asyncio.to_thread(out.get, True, 0.5))
+            except Exception:
+                pass
+            peak_server_rss = max(peak_server_rss, server_proc.memory_info().rss / 2**20)
+        elapsed = time.perf_counter() - start
+        for proc in procs:
+            proc.join()
+        stats = await client.statistics()
+        await client.aclose()
+        server.terminate()
+        server.wait()
+    timings = Timings()
+    for report in reports:
+        for name, values in report["ms"].items():
+            timings.ms[name] += values
+    rollouts = sum(r["rollouts"] for r in reports)
+    spans = sum(r["spans"] for r in reports)
+    assert rollouts == args.rollouts and stats.spans == spans, (rollouts, spans, stats)
+    return {
+        "benchmark": "store_throughput",
+        "mode": "http",
+        "backend": args.backend,
+        "rollouts": rollouts,
+        "runners": args.runners,
+        "processes": args.processes,
+        "sleep_s": args.sleep,
+        "seconds": round(elapsed, 3),
+        "rollouts_per_s": round(rollouts / elapsed, 1),
+        "spans_per_s": round(spans / elapsed, 1),
+        "latency": timings.summary(),
+        "server_peak_rss_mb": round(peak_server_rss, 1),
+        "runners_rss_mb_total": round(sum(r["rss_mb"] for r in reports), 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--backend", default="memory", help="memory or sqlite")
+    parser.add_argument("--backend", default="memory", help="memory, sqlite or postgresql://...")
+    parser.add_argument(
+        "--http", action="store_true", help="run a store server and runner processes over HTTP"
+    )
+    parser.add_argument("--processes", type=int, default=4, help="runner processes (with --http)")
     parser.add_argument("--rollouts", type=int, default=1024)
     parser.add_argument("--runners", type=int, default=32)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds an agent sleeps per round")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()
-    result = asyncio.run(run(args))
+    result = asyncio.run(run_http(args) if args.http else run(args))
     line = json.dumps(result)
     print(line)
     if args.json:

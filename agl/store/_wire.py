@@ -64,6 +64,18 @@ class SpansRequest(WireModel):
     spans: list[Span] = Field(max_length=100_000)
 
 
+class StoredSpan(WireModel):
+    """What ``POST /spans`` answers per newly stored span (duplicates are left out)."""
+
+    attempt_id: str
+    span_id: str
+    sequence_id: int
+
+    @classmethod
+    def of(cls, span: Span) -> StoredSpan:
+        return cls(attempt_id=span.attempt_id, span_id=span.span_id, sequence_id=span.sequence_id or 0)
+
+
 class SpanQuery(WireModel):
     rollout_id: str | None = None
     attempt_id: str | None = None

@@ -35,7 +35,7 @@ from agl.schemas import (
     new_id,
 )
 from agl.store import _logic
-from agl.store._wire import API_PREFIX, MAX_WAIT_S
+from agl.store._wire import API_PREFIX, MAX_WAIT_S, StoredSpan
 from agl.store.base import LightningStore, Page, RolloutOrder, StoreStatistics
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,10 @@ class LightningStoreClient(LightningStore):
         headers = {"Idempotency-Key": uuid.uuid4().hex} if idempotency_key else {}
         content = None
         if body is not None:
-            content = body.model_dump_json() if isinstance(body, BaseModel) else _logic.json_dumps(body)
+            if isinstance(body, _Raw):
+                content = body.text
+            else:
+                content = body.model_dump_json() if isinstance(body, BaseModel) else _logic.json_dumps(body)
             headers["Content-Type"] = "application/json"
         url = path if path.startswith("/v1/traces") or path == "/health" else f"{API_PREFIX}{path}"
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -284,7 +287,16 @@ class LightningStoreClient(LightningStore):
     # ----- spans ----------------------------------------------------------------------------
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         batch = _logic.coerce_spans(spans)
-        return await self._post("/spans", {"spans": [s.model_dump(mode="json") for s in batch]}, _SPANS)
+        body = _SPANS_BODY.dump_json({"spans": batch}).decode()
+        stored = _STORED.validate_python(await self._request("POST", "/spans", _Raw(body)))
+        by_key = {(s.rollout_id, s.attempt_id, s.span_id): s for s in batch}
+        rid = {(s.attempt_id, s.span_id): s.rollout_id for s in batch}
+        return [
+            by_key[(rid[(st.attempt_id, st.span_id)], st.attempt_id, st.span_id)].model_copy(
+                update={"sequence_id": st.sequence_id}
+            )
+            for st in stored
+        ]
 
     async def query_spans(
         self,
@@ -358,6 +370,15 @@ class LightningStoreClient(LightningStore):
         return await self._post("/watchdog", None, TypeAdapter(list[Attempt]))
 
 
+class _Raw:
+    """A request body already serialized to JSON text."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+_SPANS_BODY = TypeAdapter(dict[str, list[Span]])
+_STORED = TypeAdapter(list[StoredSpan])
 _ROLLOUT = TypeAdapter(Rollout)
 _ROLLOUTS = TypeAdapter(list[Rollout])
 _ATTEMPT = TypeAdapter(Attempt)

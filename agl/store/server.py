@@ -24,11 +24,14 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import TypeAdapter, ValidationError
 
 from agl import errors
 from agl.schemas import Attempt, AttemptedRollout, ResourcesVersion, Rollout, Span, Worker
 from agl.store import _wire as w
 from agl.store.base import LightningStore, Page, StoreStatistics
+
+_STORED_SPANS = TypeAdapter(list[w.StoredSpan])
 
 ERROR_STATUS: list[tuple[type[errors.AglError], int]] = [
     (errors.NotFoundError, 404),
@@ -231,9 +234,26 @@ def create_app(
         return await store.query_attempts(**body.model_dump())
 
     # ----- spans ----------------------------------------------------------------------------
-    @app.post(f"{p}/spans")
-    async def add_spans(body: w.SpansRequest) -> list[Span]:
-        return await store.add_spans(body.spans)
+    @app.post(
+        f"{p}/spans",
+        response_model=list[w.StoredSpan],
+        openapi_extra={
+            "requestBody": {
+                "content": {"application/json": {"schema": w.SpansRequest.model_json_schema()}},
+                "required": True,
+            }
+        },
+    )
+    async def add_spans(request: Request) -> Response:
+        # the hot path: parse straight from bytes with pydantic-core, answer with ids only (not the spans back)
+        try:
+            body = w.SpansRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from exc
+        stored = await store.add_spans(body.spans)
+        return Response(
+            _STORED_SPANS.dump_json([w.StoredSpan.of(s) for s in stored]), media_type="application/json"
+        )
 
     @app.post(f"{p}/spans/query")
     async def query_spans(body: w.SpanQuery) -> Page[Span]:
