@@ -11,6 +11,11 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
+    "Algorithm": "agl.algorithm",
+    "GRPO": "agl.algorithm.grpo",
+    "GRPOConfig": "agl.algorithm.grpo",
+    "TrainingContext": "agl.algorithm",
+    "algorithm": "agl.algorithm",
     "APO": "agl.algorithm.apo",
     "APOConfig": "agl.algorithm.apo",
     "CommandAgent": "agl.agent",

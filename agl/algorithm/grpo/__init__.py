@@ -1,0 +1,16 @@
+"""GRPO: group-relative policy optimization over agent rollouts."""
+
+from agl.algorithm.grpo.advantages import group_advantages, zero_variance_groups
+from agl.algorithm.grpo.algorithm import GRPO, GRPOConfig, build_batch
+from agl.algorithm.grpo.loss import LossConfig, grpo_loss, token_weights
+
+__all__ = [
+    "GRPO",
+    "GRPOConfig",
+    "LossConfig",
+    "build_batch",
+    "group_advantages",
+    "grpo_loss",
+    "token_weights",
+    "zero_variance_groups",
+]

@@ -1,0 +1,194 @@
+"""The trainer side of GRPO: a HF causal LM (full or LoRA), its log-probs, and one optimizer step.
+
+Micro-batches are cut by a token budget; each adds its share of the batch loss (aggregation weights
+are computed over the whole batch), so accumulation gives the same gradient as one big batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agl.adapter.trajectory import Sample
+from agl.algorithm.grpo.loss import LossConfig, grpo_loss, token_weights
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    model_path: str
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 4096
+    lora_rank: int = 0  # 0: full fine-tuning
+    lora_alpha: int = 32
+    kl_coef: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, T)
+    attention: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T-1), loss mask of predicted tokens
+    old_logprobs: torch.Tensor  # (B, T-1)
+    advantages: torch.Tensor  # (B,)
+    rollout_index: torch.Tensor  # (B,)
+    has_old: torch.Tensor  # (B,) whether the engine's logprobs came with the sample
+
+
+def collate(
+    samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int], pad_id: int
+) -> Batch:
+    """Right-padded tensors; position t of mask/old_logprobs describes token t+1 (what logits[t] predict)."""
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.float32)
+    old = torch.zeros((len(samples), width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[i, :n] = torch.tensor(s.input_ids)
+        attention[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        if s.old_logprobs is not None:
+            old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    return Batch(
+        ids,
+        attention,
+        mask[:, 1:],
+        old[:, 1:],
+        torch.tensor(list(advantages), dtype=torch.float32),
+        torch.tensor(list(rollout_index), dtype=torch.long),
+        torch.tensor([s.old_logprobs is not None for s in samples]),
+    )
+
+
+def token_logprobs(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T-1) log-probs of each next token, and the (B, T-1) entropy of the predicted distribution."""
+    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
+    logp = torch.log_softmax(logits, dim=-1)  # (B, T-1, V)
+    taken = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)  # (B, T-1)
+    return taken, entropy
+
+
+class Policy:
+    """The model being trained, its optimizer and (with KL) a frozen reference copy."""
+
+    def __init__(self, config: PolicyConfig, loss: LossConfig) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(config.seed)
+        self.config, self.loss_config = config, loss
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model_path, local_files_only=True, dtype=torch.float32
+        )
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(
+                config.model_path, local_files_only=True, dtype=torch.float32
+            ).eval()
+        if config.lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear")
+            model = get_peft_model(model, lora)  # type: ignore[assignment]
+        self.model = model
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
+
+    def micro_batches(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Sample indices grouped so each group's padded size stays within ``micro_batch_tokens``."""
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
+        groups: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            width = max([len(samples[j].input_ids) for j in current] + [len(samples[i].input_ids)])
+            if current and width * (len(current) + 1) > self.config.micro_batch_tokens:
+                groups.append(current)
+                current = []
+            current.append(i)
+        if current:
+            groups.append(current)
+        return groups
+
+    def step(
+        self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
+    ) -> dict[str, float]:
+        """One optimizer step over ``samples``; returns loss, KL, entropy, clip fraction, grad norm, tokens/s."""
+        started = time.perf_counter()
+        full = collate(samples, advantages, rollout_index, self.pad_id)
+        weights = token_weights(full.mask, self.loss_config.aggregation, full.rollout_index)  # (B, T-1)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
+        n_tokens = float(full.mask.sum())
+        for group in self.micro_batches(samples):
+            part = collate(
+                [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
+            )
+            width = part.input_ids.shape[1] - 1
+            idx = torch.tensor(group)
+            w = weights[idx, :width]
+            logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention)
+            # without engine logprobs the ratio is taken on-policy (trainer's own, detached)
+            old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(self.reference, part.input_ids, part.attention)
+            loss, metrics = grpo_loss(
+                logprobs, old, part.advantages, part.mask, self.loss_config, ref_logprobs=ref, weights=w
+            )
+            loss.backward()
+            share = float(part.mask.sum()) / max(n_tokens, 1.0)
+            totals["loss"] += float(loss.item())
+            totals["kl"] += metrics["kl"] * share
+            totals["clip_fraction"] += metrics["clip_fraction"] * share
+            totals["entropy"] += float((entropy * part.mask).sum()) / max(n_tokens, 1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
+        )
+        self.optimizer.step()
+        elapsed = time.perf_counter() - started
+        return {
+            **totals,
+            "grad_norm": float(grad_norm),
+            "trained_tokens": n_tokens,
+            "train_tokens_per_s": n_tokens / elapsed,
+        }
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """Full weights for the engine: the model's state dict, with LoRA merged in when training LoRA."""
+        if self.config.lora_rank > 0:
+            merged = {}
+            base = self.model.get_base_model()  # type: ignore[operator]
+            with torch.no_grad():
+                self.model.merge_adapter()  # type: ignore[operator]
+                merged = {k: v.detach().clone() for k, v in base.state_dict().items() if "lora_" not in k}
+                self.model.unmerge_adapter()  # type: ignore[operator]
+            return {k.replace("base_layer.", ""): v for k, v in merged.items()}
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+
+    def load_optimizer(self, path: Path) -> None:
+        state = path / "optimizer.pt"
+        if state.exists():
+            self.optimizer.load_state_dict(torch.load(state, weights_only=True))

@@ -1,0 +1,93 @@
+"""The calc agent: plain openai SDK, a ``calculator`` tool, then a final answer. Reward 1 when it is right."""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import re
+from typing import Any
+
+import openai
+
+import agl
+
+SYSTEM = (
+    "You solve math word problems with a calculator tool. First call the calculator with the arithmetic "
+    "expression. When you get the result, reply with 'Answer: ' followed by the number."
+)
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 12 * (3 + 4)"}},
+            "required": ["expression"],
+        },
+    },
+}
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def calculate(expression: str) -> str:
+    """A safe arithmetic evaluator (no names, no calls)."""
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return float(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        raise ValueError(f"unsupported expression: {expression!r}")
+
+    try:
+        value = ev(ast.parse(expression.replace("x", "*").replace("×", "*"), mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
+        return f"error: {exc}"
+    return str(int(value)) if value == int(value) else f"{value:.4g}"
+
+
+def final_number(text: str) -> float | None:
+    match = re.search(r"Answer:\s*(-?\d+(?:\.\d+)?)", text or "")
+    return float(match.group(1)) if match else None
+
+
+@agl.rollout(name="calc")
+async def calc_agent(task: dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -> float:
+    """Up to three model turns: tool call(s), then ``Answer: N``. Validation rollouts decode greedily."""
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "agl", max_retries=2)
+    sampling = {"temperature": 0.0} if rollout.mode == "val" else dict(llm.sampling_parameters)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": task["question"]},
+    ]
+    reply = ""
+    try:
+        for _ in range(3):
+            response = await client.chat.completions.create(
+                model=llm.model,
+                messages=messages,
+                tools=[CALCULATOR],
+                max_tokens=48,
+                **sampling,  # type: ignore[arg-type]
+            )
+            message = response.choices[0].message
+            if not message.tool_calls:
+                reply = message.content or ""
+                break
+            messages.append(message.model_dump(exclude_none=True))
+            for call in message.tool_calls:
+                try:
+                    expression = str(json.loads(call.function.arguments or "{}").get("expression", ""))  # type: ignore[union-attr]
+                except json.JSONDecodeError:
+                    expression = ""
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(expression)})
+    finally:
+        await client.close()
+    value = final_number(reply)
+    return 1.0 if value is not None and abs(value - task["answer"]) < 1e-6 else 0.0
