@@ -34,7 +34,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 demo: $(STAMP)
-	$(BIN)/python -m examples.store_demo
+	$(BIN)/python -m examples.calc.train
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/store_throughput.py --backend memory

@@ -49,7 +49,12 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
+_SUBMODULES = {"models"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"agl.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'agl' has no attribute {name!r}")

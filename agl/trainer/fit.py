@@ -37,7 +37,7 @@ async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: 
         if owns_store:
             stack.push_async_callback(store.aclose)
         ctx = TrainingContext(store=store, output_dir=str(out))
-        model_path = getattr(getattr(trainer.algorithm, "config", None), "model_path", None)
+        model_path = getattr(trainer.algorithm, "model_path", None)
         if model_path is not None:
             ctx = await _serve_model(stack, store, str(model_path), trainer, ctx)
         runner = Runner(agent, store, max_concurrency=trainer.n_runners, poll_interval_s=0.02)

@@ -12,20 +12,12 @@ import openai
 
 import agl
 
-SYSTEM = (
-    "You solve math word problems with a calculator tool. First call the calculator with the arithmetic "
-    "expression. When you get the result, reply with 'Answer: ' followed by the number."
-)
+SYSTEM = "Call the calculator with the arithmetic expression, then reply 'Answer: ' and the result."
 CALCULATOR = {
     "type": "function",
     "function": {
         "name": "calculator",
-        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 12 * (3 + 4)"}},
-            "required": ["expression"],
-        },
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
     },
 }
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -73,7 +65,7 @@ async def calc_agent(task: dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -
                 model=llm.model,
                 messages=messages,
                 tools=[CALCULATOR],
-                max_tokens=48,
+                max_tokens=40,
                 **sampling,  # type: ignore[arg-type]
             )
             message = response.choices[0].message

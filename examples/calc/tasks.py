@@ -16,7 +16,7 @@ _THINGS = ["apple", "marble", "sticker", "pencil", "coin", "card"]
 
 
 def make_tasks(n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` problems; each has ``question`` and the integer ``answer``."""
+    """``n`` problems; each has ``question``, the integer ``answer`` and the ``expression`` that gives it."""
     rng = random.Random(seed)
     tasks = []
     for _ in range(n):
@@ -29,5 +29,5 @@ def make_tasks(n: int, seed: int) -> list[dict[str, Any]]:
                 a, b = b, a
         answer = a + b if op == "+" else a - b if op == "-" else a * b
         question = template.format(name=rng.choice(_NAMES), thing=rng.choice(_THINGS), a=a, b=b)
-        tasks.append({"question": question, "answer": answer})
+        tasks.append({"question": question, "answer": answer, "expression": f"{a} {op} {b}"})
     return tasks

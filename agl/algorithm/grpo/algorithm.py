@@ -20,12 +20,11 @@ from typing import Any, Literal
 
 from agl.adapter import MergeReport, Sample, call_rewards, final_reward, llm_calls, to_samples
 from agl.adapter.calls import filter_calls
-from agl.algorithm.base import Algorithm, TrainingContext
+from agl.algorithm.base import Algorithm, TrainingContext, succeeded
 from agl.algorithm.grpo.advantages import group_advantages, zero_variance_groups
 from agl.algorithm.grpo.loss import LossConfig
 from agl.errors import ConfigError
-from agl.schemas import ModelWeights, Rollout, RolloutCreate, RolloutStatus, Span, new_id
-from agl.store.base import LightningStore
+from agl.schemas import ModelWeights, Rollout, RolloutStatus, Span
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +71,6 @@ class StepBatch:
     metrics: dict[str, float]
 
 
-async def rollout_spans(store: LightningStore, rollout_id: str) -> list[Span]:
-    spans: list[Span] = []
-    cursor = None
-    while True:
-        page = await store.query_spans(rollout_id=rollout_id, attempt_id="latest", cursor=cursor)
-        spans += page.items
-        cursor = page.next_cursor
-        if cursor is None:
-            return spans
-
-
 def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], config: GRPOConfig) -> StepBatch:
     """Pure: rollouts and their spans to samples with advantages, and the filter counts."""
     ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED]
@@ -107,7 +95,7 @@ def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], confi
     for n, rid in enumerate(ids):
         if groups[rid] in flat:
             continue
-        calls = filter_calls(llm_calls(spans[rid]), config.agent)
+        calls = filter_calls(llm_calls(spans[rid]), config.agent, spans[rid])
         made, rep = to_samples(
             calls,
             rewards[rid],
@@ -148,7 +136,9 @@ class GRPO(Algorithm):
     def __init__(self, config: GRPOConfig) -> None:
         self.config = config
         self.history: list[dict[str, float]] = []
-        self.policy: Any = None
+        self.policy: Any = None  # made on first run unless set (e.g. after an SFT warm start)
+        self.version = "v0"  # the engine's weights version when run starts
+        self.initial_val: float | None = None  # skip the first validation when already known
 
     def _make_policy(self) -> Any:
         from agl.algorithm.grpo.policy import Policy, PolicyConfig
@@ -170,45 +160,31 @@ class GRPO(Algorithm):
     async def _publish(self, ctx: TrainingContext, version: str) -> str:
         if ctx.llm is None:
             raise ConfigError(
-                "GRPO needs ctx.llm: the trainer wires it to the gateway in front of the engine"
+                "GRPO needs ctx.llm: Trainer.fit wires it to the gateway in front of the engine"
             )
-        llm = ctx.llm.model_copy(update={"sampling_parameters": {**ctx.llm.sampling_parameters}})
         weights = ModelWeights(uri=self.config.model_path, version=version)
-        published = await ctx.store.add_resources(
-            {"llm": llm, "weights": weights}, metadata={"model_version": version}
-        )
-        return published.resources_id
+        return await ctx.publish({"llm": ctx.llm, "weights": weights}, model_version=version)
 
     async def _run_group(
         self, ctx: TrainingContext, tasks: Sequence[Any], resources_id: str, mode: str, group_size: int
     ) -> tuple[list[Rollout], dict[str, list[Span]]]:
-        requests = []
-        for task in tasks:
-            group = new_id("gr")
-            requests += [
-                RolloutCreate(input=task, mode=mode, resources_id=resources_id, group_id=group)
-                for _ in range(group_size)
-            ]
-        created = await ctx.store.enqueue_rollouts(requests)
-        ids = [r.rollout_id for r in created]
-        done = {
-            r.rollout_id: r
-            for r in await ctx.store.wait_for_rollouts(ids, timeout_s=self.config.rollout_timeout_s)
-        }
-        await ctx.flush()
-        rollouts = [done.get(i) or await ctx.store.get_rollout(i) for i in ids]
-        spans = {r.rollout_id: await rollout_spans(ctx.store, r.rollout_id) for r in rollouts}
-        return rollouts, spans
+        done = await ctx.rollouts(
+            tasks,
+            mode=mode,
+            group_size=group_size,
+            resources_id=resources_id,
+            timeout_s=self.config.rollout_timeout_s,
+        )
+        return [r for r, _ in done], {r.rollout_id: spans for r, spans in done}
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
-        """Mean final reward over one validation rollout per task (the agent decides its sampling by mode)."""
+        """Mean final reward over one validation rollout per task; failed rollouts count as 0."""
         if not val:
             return float("nan")
-        rollouts, spans = await self._run_group(ctx, val, resources_id, "val", 1)
-        rewards = [
-            final_reward(spans[r.rollout_id]) or 0.0 if r.status == RolloutStatus.SUCCEEDED else 0.0
-            for r in rollouts
-        ]
+        done = await ctx.rollouts(
+            val, mode="val", resources_id=resources_id, timeout_s=self.config.rollout_timeout_s
+        )
+        rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
         return sum(rewards) / len(rewards)
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, Any]:
@@ -218,12 +194,15 @@ class GRPO(Algorithm):
         if ctx.sync_weights is None:
             raise ConfigError("GRPO needs an engine to push weights to: run it through Trainer.fit")
         rng = random.Random(cfg.seed)
-        self.policy = await asyncio.to_thread(self._make_policy)
+        if self.policy is None:
+            self.policy = await asyncio.to_thread(self._make_policy)
         out = Path(ctx.output_dir)
         metrics = MetricsLogger(out, total_steps=cfg.steps)
-        version = "v0"
+        version = self.version
         resources_id = await self._publish(ctx, version)
-        val_before = await self.evaluate(ctx, val, resources_id)
+        val_before = (
+            self.initial_val if self.initial_val is not None else await self.evaluate(ctx, val, resources_id)
+        )
         metrics.log(0, {"val_reward": val_before})
         val_after = val_before
         for step in range(1, cfg.steps + 1):

@@ -12,16 +12,35 @@ from typing import Literal
 
 import torch
 
+from agl.errors import ConfigError
+
 Aggregation = Literal["token_mean", "sequence_mean", "rollout_mean"]
 
 
 @dataclass(frozen=True)
 class LossConfig:
+    """Clip range of the importance ratio, the truncated-IS cap, the KL weight and the aggregation."""
+
     clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_high: float = 0.2  # > clip_low: DAPO's "clip higher"
     tis_cap: float | None = 3.0  # truncated IS (dual clip) for engine/trainer mismatch; None: off
     kl_coef: float = 0.0
     aggregation: Aggregation = "token_mean"
+
+    def __post_init__(self) -> None:
+        if not (0 < self.clip_low < 1 and self.clip_high > 0):
+            raise ConfigError(
+                f"clip_low must be in (0, 1) and clip_high > 0, got {self.clip_low}, {self.clip_high}; "
+                "0.2 for both is the usual choice"
+            )
+        if self.tis_cap is not None and self.tis_cap <= 1 + self.clip_high:
+            raise ConfigError(
+                f"tis_cap must exceed 1 + clip_high = {1 + self.clip_high} (or be None), got {self.tis_cap}"
+            )
+        if self.kl_coef < 0:
+            raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ConfigError(f"unknown aggregation {self.aggregation!r}; use one of {sorted(AGGREGATIONS)}")
 
 
 def _token_mean(mask: torch.Tensor, groups: torch.Tensor | None) -> torch.Tensor:
@@ -56,7 +75,7 @@ def token_weights(
     mask: torch.Tensor, aggregation: str, rollout_index: torch.Tensor | None = None
 ) -> torch.Tensor:
     if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; use one of {sorted(AGGREGATIONS)}")
+        raise ConfigError(f"unknown aggregation {aggregation!r}; use one of {sorted(AGGREGATIONS)}")
     return AGGREGATIONS[aggregation](mask, rollout_index)
 
 

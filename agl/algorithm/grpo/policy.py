@@ -16,6 +16,7 @@ import torch
 
 from agl.adapter.trajectory import Sample
 from agl.algorithm.grpo.loss import LossConfig, grpo_loss, token_weights
+from agl.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ def collate(
     samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int], pad_id: int
 ) -> Batch:
     """Right-padded tensors; position t of mask/old_logprobs describes token t+1 (what logits[t] predict)."""
+    if not samples:
+        raise ConfigError(
+            "a training batch needs at least one sample, got none; skip the step when build_batch "
+            "returns no samples (e.g. every group had the same reward)"
+        )
     width = max(len(s.input_ids) for s in samples)
     ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(samples), width), dtype=torch.long)
@@ -79,6 +85,12 @@ def token_logprobs(
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)  # (B, T-1)
     return taken, entropy
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
+    """Masked NLL: -(sum of log-probs of model tokens) / normalizer (default: their count). (B, T-1) inputs."""
+    norm = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    return -(logprobs * mask).sum() / norm
 
 
 class Policy:
@@ -125,25 +137,21 @@ class Policy:
             groups.append(current)
         return groups
 
-    def step(
+    def accumulate(
         self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
     ) -> dict[str, float]:
-        """One optimizer step over ``samples``; returns loss, KL, entropy, clip fraction, grad norm, tokens/s."""
-        started = time.perf_counter()
+        """Backpropagate the batch loss into ``.grad`` micro-batch by micro-batch; returns loss, KL, entropy."""
         full = collate(samples, advantages, rollout_index, self.pad_id)
         weights = token_weights(full.mask, self.loss_config.aggregation, full.rollout_index)  # (B, T-1)
-        self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
-        n_tokens = float(full.mask.sum())
+        n_tokens = max(float(full.mask.sum()), 1.0)
         for group in self.micro_batches(samples):
             part = collate(
                 [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
             )
-            width = part.input_ids.shape[1] - 1
-            idx = torch.tensor(group)
-            w = weights[idx, :width]
+            w = weights[torch.tensor(group), : part.input_ids.shape[1] - 1]  # (b, t-1)
             logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention)
-            # without engine logprobs the ratio is taken on-policy (trainer's own, detached)
+            # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
             ref = None
             if self.reference is not None:
@@ -153,21 +161,54 @@ class Policy:
                 logprobs, old, part.advantages, part.mask, self.loss_config, ref_logprobs=ref, weights=w
             )
             loss.backward()
-            share = float(part.mask.sum()) / max(n_tokens, 1.0)
+            share = float(part.mask.sum()) / n_tokens
             totals["loss"] += float(loss.item())
             totals["kl"] += metrics["kl"] * share
             totals["clip_fraction"] += metrics["clip_fraction"] * share
-            totals["entropy"] += float((entropy * part.mask).sum()) / max(n_tokens, 1.0)
+            totals["entropy"] += float((entropy * part.mask).sum()) / n_tokens
+        totals["trained_tokens"] = float(full.mask.sum())
+        totals["processed_tokens"] = float(sum(len(s.input_ids) for s in samples))
+        return totals
+
+    def step(
+        self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
+    ) -> dict[str, float]:
+        """One optimizer step over ``samples`` (accumulate, clip, AdamW); adds grad norm and tokens/s."""
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = self.accumulate(samples, advantages, rollout_index)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
         )
         self.optimizer.step()
         elapsed = time.perf_counter() - started
         return {
-            **totals,
+            **metrics,
             "grad_norm": float(grad_norm),
-            "trained_tokens": n_tokens,
-            "train_tokens_per_s": n_tokens / elapsed,
+            "train_tokens_per_s": metrics["processed_tokens"] / elapsed,
+            "update_time_s": elapsed,
+        }
+
+    def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step of masked next-token NLL: only model tokens (mask 1) carry loss."""
+        started = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        n_tokens = float(sum(s.num_model_tokens for s in samples))
+        total = 0.0
+        for group in self.micro_batches(samples):
+            part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id)
+            logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention)
+            loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
+            loss.backward()
+            total += float(loss.item())
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
+        )
+        self.optimizer.step()
+        return {
+            "sft_loss": total,
+            "grad_norm": float(grad_norm),
+            "train_tokens_per_s": n_tokens / (time.perf_counter() - started),
         }
 
     def engine_weights(self) -> dict[str, torch.Tensor]:

@@ -48,7 +48,8 @@ def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for i, message in enumerate(messages):
         msg = copy.deepcopy(message)
-        msg["content"] = _text(msg.get("content"), f"messages[{i}]")
+        # templates index message['content'] even on tool-call turns, where clients often leave it out
+        msg["content"] = _text(msg.get("content"), f"messages[{i}]") or ""
         for j, call in enumerate(msg.get("tool_calls") or []):
             fn = call.get("function", call) if isinstance(call, dict) else None
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -69,6 +70,20 @@ def normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _fold_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn's tool calls as Hermes markup in its content, for templates that drop ``tool_calls``:
+    the model then sees its own calls in the history, written as it was asked to write them."""
+    calls = message.pop("tool_calls", None) or []
+    blocks = []
+    for call in calls:
+        fn = call.get("function", call)
+        args = json.dumps(fn.get("arguments", {}), ensure_ascii=False)
+        blocks.append(f'<tool_call>{{"name": "{fn["name"]}", "arguments": {args}}}</tool_call>')
+    if blocks:
+        message["content"] = "\n".join(([message["content"]] if message["content"] else []) + blocks)
+    return message
+
+
 def render_chat(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> list[int]:
@@ -77,6 +92,8 @@ def render_chat(
         raise InvalidRequestError("messages must hold at least one message", param="messages")
     msgs = normalise_messages(messages)
     template = tokenizer.chat_template or ""
+    if "tool_calls" not in template:
+        msgs = [_fold_tool_calls(m) for m in msgs]
     kwargs: dict[str, Any] = {}
     if tools and "tools" in template:
         kwargs["tools"] = tools

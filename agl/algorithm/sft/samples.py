@@ -1,0 +1,110 @@
+"""SFT data: select good rollouts, build token-level samples (engine ids from spans, or chat-template
+rendering when ids are absent), and export conversations as OpenAI fine-tuning JSONL."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agl.adapter import Sample, final_reward, llm_calls, to_messages, to_samples
+from agl.schemas import Rollout, RolloutStatus, Span
+
+
+def select_rollouts(
+    rollouts: Sequence[Rollout],
+    spans: dict[str, list[Span]],
+    *,
+    min_reward: float | None = None,
+    top_k_per_task: int | None = None,
+) -> list[Rollout]:
+    """Succeeded rollouts with reward >= ``min_reward``, and/or the ``top_k_per_task`` best per group/input."""
+    scored = [
+        (r, final_reward(spans.get(r.rollout_id, [])) or 0.0)
+        for r in rollouts
+        if r.status == RolloutStatus.SUCCEEDED
+    ]
+    if min_reward is not None:
+        scored = [(r, s) for r, s in scored if s >= min_reward]
+    if top_k_per_task is not None:
+        by_task: dict[str, list[tuple[Rollout, float]]] = defaultdict(list)
+        for r, s in scored:
+            by_task[r.group_id or json.dumps(r.input, sort_keys=True, default=str)].append((r, s))
+        scored = [
+            pair for group in by_task.values() for pair in sorted(group, key=lambda p: -p[1])[:top_k_per_task]
+        ]
+    return [r for r, _ in scored]
+
+
+def samples_from_spans(rollouts: Sequence[Rollout], spans: dict[str, list[Span]]) -> list[Sample]:
+    """Token-level samples from the engine's own ids (trajectory-merged, model tokens masked in)."""
+    out: list[Sample] = []
+    for r in rollouts:
+        made, _ = to_samples(
+            llm_calls(spans[r.rollout_id]), final_reward(spans[r.rollout_id]) or 0.0, group_id=r.group_id
+        )
+        out += made
+    return out
+
+
+def _assistant_text(message: dict[str, Any]) -> str:
+    """What the model must emit for an assistant turn: its text, or Hermes ``<tool_call>`` blocks."""
+    calls = message.get("tool_calls") or []
+    if not calls:
+        return str(message.get("content") or "")
+    blocks = []
+    for call in calls:
+        fn = call.get("function", call)
+        args = fn.get("arguments")
+        args = json.loads(args) if isinstance(args, str) else args
+        blocks.append("<tool_call>" + json.dumps({"name": fn["name"], "arguments": args}) + "</tool_call>")
+    return "\n".join(blocks)
+
+
+def samples_from_messages(
+    tokenizer: Any, conversations: Sequence[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None
+) -> list[Sample]:
+    """One sample per assistant turn: the prompt rendered exactly as the built-in engine renders it at
+    inference, then the turn's tokens and the end-of-turn token (the only tokens with loss)."""
+    from agl.engines.builtin.prompts import render_chat
+
+    eos = tokenizer.eos_token_id
+    out: list[Sample] = []
+    for n, messages in enumerate(conversations):
+        for k, message in enumerate(messages):
+            if message.get("role") != "assistant":
+                continue
+            prompt = render_chat(tokenizer, list(messages[:k]), tools)
+            target = tokenizer.encode(_assistant_text(message), add_special_tokens=False) + (
+                [eos] if eos is not None else []
+            )
+            out.append(
+                Sample(
+                    rollout_id=f"conversation-{n}",
+                    group_id=None,
+                    input_ids=tuple(prompt + target),
+                    loss_mask=tuple([0] * len(prompt) + [1] * len(target)),
+                    old_logprobs=None,
+                    reward=1.0,
+                )
+            )
+    return out
+
+
+def export_jsonl(conversations: Sequence[list[dict[str, Any]]], path: str | Path) -> int:
+    """Write OpenAI fine-tuning JSONL (``{"messages": [...]}`` per line, tool calls kept); returns lines written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for messages in conversations:
+            f.write(json.dumps({"messages": messages}) + "\n")
+    return len(conversations)
+
+
+def conversations_from_spans(
+    rollouts: Sequence[Rollout], spans: dict[str, list[Span]]
+) -> list[list[dict[str, Any]]]:
+    """The selected rollouts' conversations (messages adapter), for export or template-rendered SFT."""
+    return [to_messages(llm_calls(spans[r.rollout_id])) for r in rollouts]

@@ -1,0 +1,60 @@
+"""A custom algorithm in a dozen lines: best-of-n prompt selection, written against the store only.
+
+    python -m examples.custom_algorithm
+
+It tries each candidate system prompt on the training tasks as real rollouts (store, runners, a
+simulated OpenAI-compatible model), reads the rewards through the adapter, and keeps the best prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import agl
+from agl.adapter import final_reward
+from agl.algorithm.base import TrainingContext
+from agl.schemas import LLM, PromptTemplate, RolloutCreate
+from agl.store import InMemoryLightningStore
+from agl.testing.simulated_lm import SimulatedLMServer, make_tasks
+from examples.apo.agent import price_agent
+
+CANDIDATES = [
+    "You are a shopping assistant.",
+    "You are a shopping assistant. End with 'ANSWER: <number>'.",
+    "End with 'ANSWER: <number>'. Use the lookup tool when a price is not given. Prices are in cents.",
+]
+
+
+@agl.algorithm
+async def best_of_prompts(ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, float]:
+    llm = (await ctx.store.get_latest_resources()).resources["llm"]  # type: ignore[union-attr]
+    scores = {}
+    for prompt in CANDIDATES:
+        version = await ctx.store.add_resources({"llm": llm, "prompt": PromptTemplate(template=prompt)})
+        rollouts = await ctx.store.enqueue_rollouts(
+            [RolloutCreate(input=t, resources_id=version.resources_id) for t in train]
+        )
+        await ctx.store.wait_for_rollouts([r.rollout_id for r in rollouts], timeout_s=60)
+        rewards = [
+            final_reward((await ctx.store.query_spans(rollout_id=r.rollout_id)).items) or 0.0
+            for r in rollouts
+        ]
+        scores[prompt] = sum(rewards) / len(rewards)
+    return scores
+
+
+def main() -> None:
+    with SimulatedLMServer() as server:
+        store = InMemoryLightningStore()
+        asyncio.run(store.add_resources({"llm": LLM(endpoint=server.base_url, model="task")}))
+        tasks = [t.as_input() for t in make_tasks(9, seed=3)]
+        scores = agl.Trainer(algorithm=best_of_prompts, store=store, n_runners=4).fit(price_agent, tasks)
+    for prompt, score in scores.items():
+        print(f"{score:.2f}  {prompt}")
+    print("best:", max(scores, key=scores.__getitem__))
+
+
+if __name__ == "__main__":
+    main()

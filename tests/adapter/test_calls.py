@@ -1,0 +1,104 @@
+"""Agent filtering of model calls and the messages adapter."""
+
+from __future__ import annotations
+
+import re
+
+from agl import semconv as sc
+from agl.adapter import filter_calls, llm_calls, to_messages
+from tests.adapter.spans import SpanMaker
+
+
+def test_filter_by_agent_tag_exact_and_regex() -> None:
+    m = SpanMaker()
+    spans = [
+        m.call([1], [2], **{sc.AGENT_NAME: "planner"}),
+        m.call([3], [4], **{sc.AGENT_NAME: "coder-1"}),
+        m.call([5], [6]),
+    ]
+    calls = llm_calls(spans)
+    assert [c.prompt_token_ids for c in filter_calls(calls, "planner")] == [[1]]
+    assert [c.prompt_token_ids for c in filter_calls(calls, re.compile(r"^coder"))] == [[3]]
+    assert len(filter_calls(calls, None)) == 3
+
+
+def test_filter_by_enclosing_agent_span_name() -> None:
+    m = SpanMaker()
+    outer = m.span("solver", {})
+    inner = m.span("step", {}, parent=outer)
+    spans = [outer, inner, m.call([1], [2], parent=inner), m.call([3], [4])]
+    calls = filter_calls(llm_calls(spans), "solver", spans)
+    assert [c.prompt_token_ids for c in calls] == [[1]]
+
+
+def test_messages_keep_tool_calls_and_the_final_reply() -> None:
+    m = SpanMaker()
+    tool_call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "4"},
+    ]
+    spans = [
+        m.call([1], [2], **{sc.LLM_REQUEST_MESSAGES: history[:1]}),
+        m.call(
+            [1, 2, 3],
+            [4],
+            **{
+                sc.LLM_REQUEST_MESSAGES: history,
+                sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": "Answer: 4", "tool_calls": None},
+            },
+        ),
+    ]
+    messages = to_messages(llm_calls(spans))
+    assert messages[:3] == history
+    assert messages[3] == {"role": "assistant", "content": "Answer: 4"}
+    assert to_messages([]) == []
+
+
+def test_tracer_calls_without_a_gateway_twin_are_kept_in_sequence_order() -> None:
+    m = SpanMaker()
+    spans = [
+        m.call([1], [2], response_id="r1"),
+        m.call([1], [2], response_id="r1", source="openinference"),  # duplicate of the gateway's r1
+        m.call([3], [4], response_id="r2", source="openinference"),  # only the tracer saw r2
+    ]
+    calls = llm_calls(list(reversed(spans)))
+    assert [(c.response_id, c.source) for c in calls] == [("r1", "gateway"), ("r2", "openinference")]
+
+
+def test_non_call_spans_are_ignored() -> None:
+    m = SpanMaker()
+    spans = [m.span("agent.step", {}), m.reward(1.0), m.call([1], [2])]
+    assert [c.prompt_token_ids for c in llm_calls(spans)] == [[1]]
+
+
+def test_filter_by_regex_on_the_enclosing_span_name() -> None:
+    m = SpanMaker()
+    outer = m.span("agent:writer", {})
+    other = m.span("agent:reviewer", {})
+    spans = [outer, other, m.call([1], [2], parent=outer), m.call([3], [4], parent=other)]
+    calls = filter_calls(llm_calls(spans), re.compile(r"writer$"), spans)
+    assert [c.prompt_token_ids for c in calls] == [[1]]
+    assert filter_calls(llm_calls(spans), "writer", spans) == []  # a plain string must match exactly
+
+
+def test_messages_keep_tool_calls_of_the_final_reply() -> None:
+    m = SpanMaker()
+    tool_call = {"id": "c9", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}}
+    reply = {"role": "assistant", "content": None, "tool_calls": [tool_call]}
+    spans = [
+        m.call(
+            [1],
+            [2],
+            **{
+                sc.LLM_REQUEST_MESSAGES: [{"role": "user", "content": "find x"}],
+                sc.LLM_RESPONSE_MESSAGE: reply,
+            },
+        )
+    ]
+    messages = to_messages(llm_calls(spans))
+    assert messages == [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "tool_calls": [tool_call]},
+    ]

@@ -1,0 +1,119 @@
+"""SFT: sample construction and masks, selection, JSONL export, no gradient through tool output, learning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agl import semconv as sc
+from agl.algorithm.grpo.loss import LossConfig
+from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate, sft_loss, token_logprobs
+from agl.algorithm.sft import export_jsonl, samples_from_messages, select_rollouts
+from agl.models import tiny_model
+from agl.schemas import Rollout, RolloutStatus, Span
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "calculator", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+def conversation(answer: str = "42") -> list[dict]:  # type: ignore[type-arg]
+    call = {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "calculator", "arguments": '{"expression": "40 + 2"}'},
+    }
+    return [
+        {"role": "system", "content": "Use the calculator."},
+        {"role": "user", "content": "What is 40 plus 2?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "TOOL-OUTPUT-42"},
+        {"role": "assistant", "content": f"Answer: {answer}"},
+    ]
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return Policy(PolicyConfig(model_path=str(tiny_model()), lr=1e-3), LossConfig())
+
+
+def test_samples_mask_only_the_assistant_turns(policy: Policy) -> None:
+    tok = policy.tokenizer
+    first, second = samples_from_messages(tok, [conversation()], TOOLS)
+    for sample in (first, second):
+        masked_text = tok.decode([t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m])
+        context_text = tok.decode(
+            [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if not m]
+        )
+        assert "TOOL-OUTPUT" not in masked_text and "What is 40 plus 2" in context_text
+    assert "<tool_call>" in tok.decode(
+        [t for t, m in zip(first.input_ids, first.loss_mask, strict=True) if m]
+    )
+    assert "Answer: 42" in tok.decode(
+        [t for t, m in zip(second.input_ids, second.loss_mask, strict=True) if m]
+    )
+    assert "TOOL-OUTPUT-42" in tok.decode(second.input_ids)
+    assert second.input_ids[-1] == tok.eos_token_id and second.loss_mask[-1] == 1
+
+
+def test_tool_output_tokens_carry_no_gradient(policy: Policy) -> None:
+    """Changing what the tool returned changes no gradient coming from the loss at those positions:
+    the logits at masked positions receive exactly zero gradient."""
+    (_, sample) = samples_from_messages(policy.tokenizer, [conversation()], TOOLS)
+    batch = collate([sample], [0.0], [0], policy.pad_id)
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(module: torch.nn.Module, args: tuple, output: object) -> None:  # type: ignore[type-arg]
+        logits = output.logits  # type: ignore[attr-defined]
+        logits.retain_grad()
+        captured["logits"] = logits
+
+    handle = policy.model.register_forward_hook(keep)
+    logprobs, _ = token_logprobs(policy.model, batch.input_ids, batch.attention)
+    handle.remove()
+    sft_loss(logprobs, batch.mask).backward()
+    grad = captured["logits"].grad[0, :-1]  # (T-1, V): position t predicts token t+1
+    masked = batch.mask[0] == 0
+    assert torch.count_nonzero(grad[masked]) == 0
+    assert torch.count_nonzero(grad[~masked]) > 0
+    policy.model.zero_grad(set_to_none=True)
+
+
+def test_sft_steps_lower_the_loss(policy: Policy) -> None:
+    samples = samples_from_messages(policy.tokenizer, [conversation(str(n)) for n in range(4)], TOOLS)
+    losses = [policy.sft_step(samples)["sft_loss"] for _ in range(15)]
+    assert losses[-1] < losses[0] * 0.8
+
+
+def _rollout(rid: str, group: str, status: RolloutStatus = RolloutStatus.SUCCEEDED) -> Rollout:
+    return Rollout(rollout_id=rid, group_id=group, status=status, created_at=0, updated_at=0)
+
+
+def _reward(rid: str, value: float) -> list[Span]:
+    return [Span.new(rid, "at", sc.SPAN_REWARD, {sc.REWARD_VALUE: value})]
+
+
+def test_select_by_threshold_and_top_k() -> None:
+    rollouts = [
+        _rollout("a", "g1"),
+        _rollout("b", "g1"),
+        _rollout("c", "g2"),
+        _rollout("d", "g2", RolloutStatus.FAILED),
+    ]
+    spans = {"a": _reward("a", 1.0), "b": _reward("b", 0.2), "c": _reward("c", 0.5), "d": _reward("d", 1.0)}
+    assert [r.rollout_id for r in select_rollouts(rollouts, spans, min_reward=0.5)] == ["a", "c"]
+    assert sorted(r.rollout_id for r in select_rollouts(rollouts, spans, top_k_per_task=1)) == ["a", "c"]
+
+
+def test_export_openai_jsonl(tmp_path: Path) -> None:
+    path = tmp_path / "sft.jsonl"
+    assert export_jsonl([conversation(), conversation("7")], path) == 2
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "calculator"
+    assert lines[1]["messages"][-1]["content"] == "Answer: 7"

@@ -1,0 +1,54 @@
+"""The examples run: the custom-algorithm example, the APO example and a tiny smoke run of the calc demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, timeout: int = 240) -> str:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_custom_algorithm_example_picks_the_best_prompt() -> None:
+    out = _run("examples.custom_algorithm")
+    assert "best: End with 'ANSWER: <number>'. Use the lookup tool" in out
+
+
+def test_apo_example_writes_curve_and_summary(tmp_path: Path) -> None:
+    _run("examples.apo.run", "--rounds", "3", "--out", str(tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["best_score"] > summary["start_score"] and (tmp_path / "curve.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_calc_demo_smoke_run_on_the_tiny_model(tmp_path: Path) -> None:
+    _run(
+        "examples.calc.train",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--sft-steps",
+        "1",
+        "--val",
+        "4",
+        "--out",
+        str(tmp_path),
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {"val_accuracy_before", "val_accuracy_after", "grpo_steps", "wall_time_s", "model"} <= set(summary)
+    assert 0.0 <= summary["val_accuracy_after"] <= 1.0
+    assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "metrics.csv").exists()
