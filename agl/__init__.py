@@ -14,6 +14,8 @@ _EXPORTS: dict[str, str] = {
     "Algorithm": "agl.algorithm",
     "GRPO": "agl.algorithm.grpo",
     "GRPOConfig": "agl.algorithm.grpo",
+    "SFT": "agl.algorithm.sft",
+    "SFTConfig": "agl.algorithm.sft",
     "TrainingContext": "agl.algorithm",
     "algorithm": "agl.algorithm",
     "APO": "agl.algorithm.apo",

