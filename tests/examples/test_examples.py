@@ -52,3 +52,11 @@ def test_calc_demo_smoke_run_on_the_tiny_model(tmp_path: Path) -> None:
     assert {"val_accuracy_before", "val_accuracy_after", "grpo_steps", "wall_time_s", "model"} <= set(summary)
     assert 0.0 <= summary["val_accuracy_after"] <= 1.0
     assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "metrics.csv").exists()
+
+
+@pytest.mark.slow
+def test_iterated_sft_example_smoke_run(tmp_path: Path) -> None:
+    _run("examples.sft.run", "--model", "tiny", "--iterations", "1", "--val", "2", "--out", str(tmp_path))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {"val_accuracy_before", "val_accuracy_after", "iterations"} <= set(summary)
+    assert (tmp_path / "sft-iteration-1.jsonl").exists()

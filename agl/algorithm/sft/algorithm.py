@@ -63,7 +63,15 @@ class SFT(Algorithm):
         rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
         return sum(rewards) / max(len(rewards), 1)
 
-    async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, Any]:
+    async def run(
+        self,
+        ctx: TrainingContext,
+        train: Sequence[Any],
+        val: Sequence[Any],
+        *,
+        warm_start: Sequence[list[dict[str, Any]]] = (),
+    ) -> dict[str, Any]:
+        """Expert iterations; ``warm_start`` conversations (rendered with the chat template) train first."""
         from agl.algorithm.grpo.loss import LossConfig
         from agl.algorithm.grpo.policy import Policy, PolicyConfig
 
