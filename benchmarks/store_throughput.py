@@ -82,6 +82,7 @@ async def runner(
     rng: random.Random,
     sleep_s: float,
     t: Timings,
+    batch: str = "round",
 ) -> tuple[int, int]:
     rollouts = spans = 0
     while True:
@@ -90,11 +91,12 @@ async def runner(
             return rollouts, spans
         rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         trace = secrets.token_hex(16)
+        pending: list[Span] = []
         for round_no in range(rng.randint(1, 6)):
             agent = Span.new(rid, aid, "agent.step", {"round": round_no}, trace_id=trace)
-            batch = [agent]
+            round_spans = [agent]
             for child in ("llm.call", "tool.call"):
-                batch.append(
+                round_spans.append(
                     Span.new(
                         rid,
                         aid,
@@ -105,19 +107,22 @@ async def runner(
                     )
                 )
             if rng.random() < 0.5:
-                batch.append(
+                round_spans.append(
                     Span.new(rid, aid, "agl.reward", {"agl.reward.value": rng.random()}, trace_id=trace)
                 )
             if sleep_s:
                 await asyncio.sleep(sleep_s)
-            await t.timed("add_spans", store.add_spans(batch))
-            spans += len(batch)
-        final = [
+            if batch == "round":
+                await t.timed("add_spans", store.add_spans(round_spans))
+            else:
+                pending += round_spans
+            spans += len(round_spans)
+        final = pending + [
             Span.new(rid, aid, "agent.final", {"answer": "42"}, trace_id=trace),
             Span.new(rid, aid, "agl.reward", {"agl.reward.value": 1.0}, trace_id=trace),
         ]
         await t.timed("add_spans", store.add_spans(final))
-        spans += len(final)
+        spans += 2
         await t.timed("update_attempt", store.update_attempt(rid, aid, status=AttemptStatus.SUCCEEDED))
         rollouts += 1
 
@@ -145,7 +150,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         start = time.perf_counter()
         results = await asyncio.gather(
             *(
-                runner(store, f"runner-{i}", pool, random.Random(args.seed + i), args.sleep, timings)
+                runner(
+                    store, f"runner-{i}", pool, random.Random(args.seed + i), args.sleep, timings, args.batch
+                )
                 for i in range(args.runners)
             )
         )
@@ -158,6 +165,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "store_throughput",
         "mode": "in-process",
+        "batch": args.batch,
         "backend": args.backend,
         "rollouts": rollouts,
         "runners": args.runners,
@@ -171,7 +179,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _runner_process(url: str, first: int, count: int, seed: int, sleep_s: float, out: Any) -> None:
+def _runner_process(
+    url: str, first: int, count: int, seed: int, sleep_s: float, batch: str, out: Any
+) -> None:
     """One runner process: ``count`` async runners against the server; reports counts and latencies."""
     from agl.store.client import LightningStoreClient
 
@@ -181,7 +191,15 @@ def _runner_process(url: str, first: int, count: int, seed: int, sleep_s: float,
         timings = Timings()
         results = await asyncio.gather(
             *(
-                runner(client, f"runner-{first + i}", pool, random.Random(seed + first + i), sleep_s, timings)
+                runner(
+                    client,
+                    f"runner-{first + i}",
+                    pool,
+                    random.Random(seed + first + i),
+                    sleep_s,
+                    timings,
+                    batch,
+                )
                 for i in range(count)
             )
         )
@@ -237,7 +255,9 @@ async def run_http(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.processes)
         ]
         procs = [
-            ctx.Process(target=_runner_process, args=(url, sum(per[:i]), n, args.seed, args.sleep, out))
+            ctx.Process(
+                target=_runner_process, args=(url, sum(per[:i]), n, args.seed, args.sleep, args.batch, out)
+            )
             for i, n in enumerate(per)
         ]
         server_proc = psutil.Process(server.pid)
@@ -273,6 +293,7 @@ async def run_http(args: argparse.Namespace) -> dict[str, Any]:
         "rollouts": rollouts,
         "runners": args.runners,
         "processes": args.processes,
+        "batch": args.batch,
         "sleep_s": args.sleep,
         "seconds": round(elapsed, 3),
         "rollouts_per_s": round(rollouts / elapsed, 1),
@@ -292,6 +313,12 @@ def main() -> None:
         "--http", action="store_true", help="run a store server and runner processes over HTTP"
     )
     parser.add_argument("--processes", type=int, default=4, help="runner processes (with --http)")
+    parser.add_argument(
+        "--batch",
+        choices=["round", "rollout"],
+        default="round",
+        help="send each round's spans at once, or a rollout's spans in one batch at its end (as agl's Runner does)",
+    )
     parser.add_argument("--rollouts", type=int, default=1024)
     parser.add_argument("--runners", type=int, default=32)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds an agent sleeps per round")

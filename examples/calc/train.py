@@ -108,15 +108,16 @@ def main() -> None:
     )
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 6, tiny: 2)")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 8, tiny: 2)")
     parser.add_argument(
         "--sft-steps", type=int, default=None, help="SFT warm-start steps (default: 8, tiny: 2)"
     )
     parser.add_argument("--val", type=int, default=None, help="held-out tasks (default: 24, tiny: 8)")
+    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of training rollouts")
     parser.add_argument("--out", type=Path, default=Path("results/calc"))
     args = parser.parse_args()
     tiny = args.model == "tiny"
-    steps = args.steps if args.steps is not None else (2 if tiny else 6)
+    steps = args.steps if args.steps is not None else (2 if tiny else 8)
     sft_steps = args.sft_steps if args.sft_steps is not None else (2 if tiny else 8)
     n_val = args.val if args.val is not None else (8 if tiny else 24)
     model_path = tiny_model(seed=args.seed) if tiny else smollm2()
@@ -136,7 +137,7 @@ def main() -> None:
     algorithm = WarmStartThenGRPO(GRPO(config), warm, sft_steps, sft_batch=8)
     started = time.perf_counter()
     trainer = agl.Trainer(
-        algorithm=algorithm, n_runners=16, output_dir=str(args.out), sampling={"temperature": 1.0}
+        algorithm=algorithm, n_runners=16, output_dir=str(args.out), sampling={"temperature": args.temperature}
     )
     result = trainer.fit(calc_agent, train, val)
     wall = time.perf_counter() - started
@@ -153,6 +154,7 @@ def main() -> None:
         "val_tasks": n_val,
         "wall_time_s": round(wall, 1),
         "seed": args.seed,
+        "temperature": args.temperature,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
