@@ -17,10 +17,16 @@ _SHOWN = ("reward_mean", "val_reward", "loss", "step_time_s")
 class MetricsLogger:
     """``log(step, {name: value})`` writes ``metrics.csv`` and TensorBoard events under ``out_dir``."""
 
-    def __init__(self, out_dir: str | Path, total_steps: int | None = None, progress: bool = True) -> None:
+    def __init__(
+        self, out_dir: str | Path, total_steps: int | None = None, progress: bool = True, resume: bool = False
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
+        existing = self.out_dir / "metrics.csv"
+        if resume and existing.exists():  # keep the earlier run's rows
+            with existing.open() as f:
+                self.rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
         self._tb: Any = None
         try:
             from torch.utils.tensorboard import SummaryWriter

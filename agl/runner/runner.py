@@ -108,6 +108,7 @@ class Runner:
         shutdown_grace_s: float = 10.0,
         flush_every: int = 64,
         hooks: RunnerHooks | None = None,
+        handle_signals: bool = True,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -121,6 +122,7 @@ class Runner:
         self.shutdown_grace_s = shutdown_grace_s
         self.flush_every = flush_every
         self.hooks = hooks or RunnerHooks()
+        self.handle_signals = handle_signals  # off when an owner (Trainer.fit) handles Ctrl-C itself
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="agl-agent")
         self._stopping: asyncio.Event | None = None  # created on the running loop
         self._resources_cache: dict[str, ResourcesVersion] = {}
@@ -140,7 +142,8 @@ class Runner:
             await self.store.update_worker(
                 self.worker_id, host={"hostname": socket.gethostname(), "pid": os.getpid()}
             )
-        self._install_signal_handlers()
+        if self.handle_signals:
+            self._install_signal_handlers()
         slots = asyncio.Semaphore(self.max_concurrency)
         tasks: set[asyncio.Task[AttemptOutcome]] = set()
         claimed = 0
@@ -169,7 +172,8 @@ class Runner:
                 task.add_done_callback(lambda _: slots.release())
             await self._drain(tasks)
         finally:
-            self._remove_signal_handlers()
+            if self.handle_signals:
+                self._remove_signal_handlers()
         return self.stats.outcomes[first:]
 
     async def _drain(self, tasks: set[asyncio.Task[AttemptOutcome]]) -> None:

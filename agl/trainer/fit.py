@@ -40,7 +40,10 @@ async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: 
         model_path = getattr(trainer.algorithm, "model_path", None)
         if model_path is not None:
             ctx = await _serve_model(stack, store, str(model_path), trainer, ctx)
-        runner = Runner(agent, store, max_concurrency=trainer.n_runners, poll_interval_s=0.02)
+        # Ctrl-C interrupts the whole fit (asyncio cancels it); the exit stack then stops everything
+        runner = Runner(
+            agent, store, max_concurrency=trainer.n_runners, poll_interval_s=0.02, handle_signals=False
+        )
         runner_task = asyncio.create_task(runner.run())
 
         async def stop_runner() -> None:

@@ -10,6 +10,7 @@ resources version, so the next rollouts record the version they ran with.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -50,6 +51,7 @@ class GRPOConfig:
     eval_every: int = 5
     rollout_timeout_s: float = 600.0
     checkpoint_every: int = 0
+    resume: bool = False  # continue from the newest checkpoint under the output dir (full fine-tuning)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -140,13 +142,25 @@ class GRPO(Algorithm):
         self.version = "v0"  # the engine's weights version when run starts
         self.initial_val: float | None = None  # skip the first validation when already known
 
-    def _make_policy(self) -> Any:
+    async def _resume(self, ctx: TrainingContext, checkpoint: Path) -> int:
+        """Load weights and optimizer from ``checkpoint``, push them to the engine; returns the next step."""
+        if self.config.lora_rank:
+            raise ConfigError("resume supports full fine-tuning checkpoints; set lora_rank=0 or start afresh")
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        self.policy = await asyncio.to_thread(self._make_policy, str(checkpoint))
+        await asyncio.to_thread(self.policy.load_optimizer, checkpoint)
+        assert ctx.sync_weights is not None
+        self.version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
+        log.info("resumed from %s (step %d)", checkpoint, state["step"])
+        return int(state["step"]) + 1
+
+    def _make_policy(self, model_path: str | None = None) -> Any:
         from agl.algorithm.grpo.policy import Policy, PolicyConfig
 
         cfg = self.config
         return Policy(
             PolicyConfig(
-                model_path=cfg.model_path,
+                model_path=model_path or cfg.model_path,
                 lr=cfg.lr,
                 max_grad_norm=cfg.max_grad_norm,
                 micro_batch_tokens=cfg.micro_batch_tokens,
@@ -194,18 +208,27 @@ class GRPO(Algorithm):
         if ctx.sync_weights is None:
             raise ConfigError("GRPO needs an engine to push weights to: run it through Trainer.fit")
         rng = random.Random(cfg.seed)
-        if self.policy is None:
-            self.policy = await asyncio.to_thread(self._make_policy)
         out = Path(ctx.output_dir)
-        metrics = MetricsLogger(out, total_steps=cfg.steps)
+        first_step = 1
+        checkpoint = latest_checkpoint(out) if cfg.resume else None
+        if checkpoint is not None:
+            first_step = await self._resume(ctx, checkpoint)
+        elif self.policy is None:
+            self.policy = await asyncio.to_thread(self._make_policy)
+        metrics = MetricsLogger(out, total_steps=cfg.steps, resume=checkpoint is not None)
         version = self.version
         resources_id = await self._publish(ctx, version)
         val_before = (
             self.initial_val if self.initial_val is not None else await self.evaluate(ctx, val, resources_id)
         )
-        metrics.log(0, {"val_reward": val_before})
+        if checkpoint is None:
+            metrics.log(0, {"val_reward": val_before})
         val_after = val_before
-        for step in range(1, cfg.steps + 1):
+        for _ in range(1, first_step):
+            rng.sample(
+                list(train), min(cfg.tasks_per_step, len(train))
+            )  # the same task draws as the first run
+        for step in range(first_step, cfg.steps + 1):
             started = time.perf_counter()
             tasks = rng.sample(list(train), min(cfg.tasks_per_step, len(train)))
             rollouts, spans = await self._run_group(ctx, tasks, resources_id, "train", cfg.group_size)
@@ -224,7 +247,9 @@ class GRPO(Algorithm):
                 val_after = await self.evaluate(ctx, val, resources_id)
                 row["val_reward"] = val_after
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                await asyncio.to_thread(self.policy.save, out / "checkpoints" / f"step-{step}")
+                path = out / "checkpoints" / f"step-{step}"
+                await asyncio.to_thread(self.policy.save, path)
+                (path / "trainer_state.json").write_text(json.dumps({"step": step, "version": version}))
             row.update(step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s)
             metrics.log(step, row)
             self.history.append(row)
@@ -237,4 +262,10 @@ class GRPO(Algorithm):
         }
 
 
-__all__ = ["GRPO", "GRPOConfig", "build_batch"]
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The newest ``checkpoints/step-N`` with a trainer state under ``out_dir``, if any."""
+    found = [p for p in (out_dir / "checkpoints").glob("step-*") if (p / "trainer_state.json").exists()]
+    return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
+
+
+__all__ = ["GRPO", "GRPOConfig", "build_batch", "latest_checkpoint"]

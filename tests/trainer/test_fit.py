@@ -1,0 +1,104 @@
+"""Trainer.fit end to end on the tiny model: it trains, checkpoints, resumes, and stops cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+import agl
+from agl.algorithm.grpo import GRPO, GRPOConfig
+from agl.models import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@agl.rollout
+async def digits_agent(task: str, llm: agl.LLM, rollout: agl.Rollout) -> float:
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+    reply = await client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": task}],
+        max_tokens=6,
+        seed=abs(hash(rollout.rollout_id)) % 1000,
+    )
+    await client.close()
+    text = reply.choices[0].message.content or ""
+    return sum(c.isdigit() for c in text) / 6
+
+
+def _fit(out: Path, steps: int, resume: bool = False) -> dict:  # type: ignore[type-arg]
+    config = GRPOConfig(
+        model_path=str(tiny_model()),
+        steps=steps,
+        tasks_per_step=2,
+        group_size=3,
+        lr=1e-3,
+        eval_every=0,
+        checkpoint_every=1,
+        resume=resume,
+    )
+    return agl.Trainer(algorithm=GRPO(config), n_runners=6, output_dir=str(out)).fit(
+        digits_agent, ["a", "b", "c"], ["a"]
+    )
+
+
+def test_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
+    first = _fit(tmp_path, steps=2)
+    assert len(first["history"]) == 2
+    state = json.loads((tmp_path / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert state["step"] == 2
+    resumed = _fit(tmp_path, steps=3, resume=True)
+    assert len(resumed["history"]) == 1  # only step 3 ran
+    with (tmp_path / "metrics.csv").open() as f:
+        steps = [int(float(row["step"])) for row in csv.DictReader(f)]
+    assert steps == [0, 1, 2, 3]
+    assert (tmp_path / "checkpoints" / "step-3" / "optimizer.pt").exists()
+
+
+SLOW_FIT = textwrap.dedent(
+    """
+    import asyncio, sys
+    import agl
+    from agl.algorithm.grpo import GRPO, GRPOConfig
+    from agl.models import tiny_model
+
+    @agl.rollout
+    async def agent(task):
+        print("rollout running", flush=True)
+        await asyncio.sleep(120)
+        return 1.0
+
+    config = GRPOConfig(model_path=str(tiny_model()), steps=5, tasks_per_step=1, group_size=2, eval_every=0)
+    try:
+        agl.Trainer(algorithm=GRPO(config), output_dir=sys.argv[1]).fit(agent, ["x"], [])
+    except KeyboardInterrupt:
+        print("interrupted cleanly", flush=True)
+    """
+)
+
+
+def test_ctrl_c_stops_fit_promptly(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_FIT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while "rollout running" not in proc.stdout.readline():
+        assert time.monotonic() < deadline
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert "interrupted cleanly" in out
