@@ -217,7 +217,6 @@ def _runner_process(
 
 
 async def run_http(args: argparse.Namespace) -> dict[str, Any]:
-    import multiprocessing as mp
     import socket
     import subprocess
 
@@ -247,45 +246,27 @@ async def run_http(args: argparse.Namespace) -> dict[str, Any]:
         client = LightningStoreClient(url, retries=50, backoff_s=0.1)
         while not await client.health():
             await asyncio.sleep(0.1)
-        await client.enqueue_rollouts([RolloutCreate(input={"i": i}) for i in range(args.rollouts)])
-        ctx = mp.get_context("spawn")
-        out = ctx.Queue()
-        per = [
-            args.runners // args.processes + (1 if i < args.runners % args.processes else 0)
-            for i in range(args.processes)
-        ]
-        procs = [
-            ctx.Process(
-                target=_runner_process, args=(url, sum(per[:i]), n, args.seed, args.sleep, args.batch, out)
-            )
-            for i, n in enumerate(per)
-        ]
         server_proc = psutil.Process(server.pid)
-        peak_server_rss = 0.0
-        start = time.perf_counter()
-        for proc in procs:
-            proc.start()
-        reports = []
-        while len(reports) < len(procs):
-            try:
-                reports.append(await asyncio.to_thread(out.get, True, 0.5))
-            except Exception:
-                pass
-            peak_server_rss = max(peak_server_rss, server_proc.memory_info().rss / 2**20)
-        elapsed = time.perf_counter() - start
-        for proc in procs:
-            proc.join()
+        waves: list[dict[str, Any]] = []
+        began = time.perf_counter()
+        while True:  # one wave, or waves until --duration-s has passed (memory must stay flat)
+            waves.append(await _wave(client, url, args, server_proc))
+            if time.perf_counter() - began >= args.duration_s:
+                break
         stats = await client.statistics()
         await client.aclose()
         server.terminate()
         server.wait()
+    reports = [r for wave in waves for r in wave["reports"]]
+    elapsed = sum(wave["seconds"] for wave in waves)
     timings = Timings()
     for report in reports:
         for name, values in report["ms"].items():
             timings.ms[name] += values
     rollouts = sum(r["rollouts"] for r in reports)
     spans = sum(r["spans"] for r in reports)
-    assert rollouts == args.rollouts and stats.spans == spans, (rollouts, spans, stats)
+    assert rollouts == args.rollouts * len(waves) and stats.spans == spans, (rollouts, spans, stats)
+    peak_server_rss = max(wave["server_peak_rss_mb"] for wave in waves)
     return {
         "benchmark": "store_throughput",
         "mode": "http",
@@ -300,8 +281,45 @@ async def run_http(args: argparse.Namespace) -> dict[str, Any]:
         "spans_per_s": round(spans / elapsed, 1),
         "latency": timings.summary(),
         "server_peak_rss_mb": round(peak_server_rss, 1),
-        "runners_rss_mb_total": round(sum(r["rss_mb"] for r in reports), 1),
+        "runners_rss_mb_total": round(sum(r["rss_mb"] for r in waves[-1]["reports"]), 1),
+        "waves": len(waves),
+        "server_rss_mb_by_wave": [round(w["server_peak_rss_mb"], 1) for w in waves],
+        "rollouts_per_s_by_wave": [round(args.rollouts / w["seconds"], 1) for w in waves],
     }
+
+
+async def _wave(client: Any, url: str, args: argparse.Namespace, server_proc: Any) -> dict[str, Any]:
+    """Enqueue ``--rollouts``, run the runner processes until the queue is empty, report."""
+    import multiprocessing as mp
+
+    await client.enqueue_rollouts([RolloutCreate(input={"i": i}) for i in range(args.rollouts)])
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    per = [
+        args.runners // args.processes + (1 if i < args.runners % args.processes else 0)
+        for i in range(args.processes)
+    ]
+    procs = [
+        ctx.Process(
+            target=_runner_process, args=(url, sum(per[:i]), n, args.seed, args.sleep, args.batch, out)
+        )
+        for i, n in enumerate(per)
+    ]
+    peak = 0.0
+    start = time.perf_counter()
+    for proc in procs:
+        proc.start()
+    reports: list[dict[str, Any]] = []
+    while len(reports) < len(procs):
+        try:
+            reports.append(await asyncio.to_thread(out.get, True, 0.5))
+        except Exception:
+            pass
+        peak = max(peak, server_proc.memory_info().rss / 2**20)
+    elapsed = time.perf_counter() - start
+    for proc in procs:
+        proc.join()
+    return {"reports": reports, "seconds": elapsed, "server_peak_rss_mb": peak}
 
 
 def main() -> None:
@@ -313,6 +331,12 @@ def main() -> None:
         "--http", action="store_true", help="run a store server and runner processes over HTTP"
     )
     parser.add_argument("--processes", type=int, default=4, help="runner processes (with --http)")
+    parser.add_argument(
+        "--duration-s",
+        type=float,
+        default=0.0,
+        help="with --http: repeat waves this long and report RSS per wave",
+    )
     parser.add_argument(
         "--batch",
         choices=["round", "rollout"],

