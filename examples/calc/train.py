@@ -113,7 +113,9 @@ def main() -> None:
         "--sft-steps", type=int, default=None, help="SFT warm-start steps (default: 8, tiny: 2)"
     )
     parser.add_argument("--val", type=int, default=None, help="held-out tasks (default: 24, tiny: 8)")
-    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of training rollouts")
+    parser.add_argument(
+        "--temperature", type=float, default=0.7, help="sampling temperature of training rollouts"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/calc"))
     args = parser.parse_args()
     tiny = args.model == "tiny"
@@ -137,7 +139,10 @@ def main() -> None:
     algorithm = WarmStartThenGRPO(GRPO(config), warm, sft_steps, sft_batch=8)
     started = time.perf_counter()
     trainer = agl.Trainer(
-        algorithm=algorithm, n_runners=16, output_dir=str(args.out), sampling={"temperature": args.temperature}
+        algorithm=algorithm,
+        n_runners=16,
+        output_dir=str(args.out),
+        sampling={"temperature": args.temperature},
     )
     result = trainer.fit(calc_agent, train, val)
     wall = time.perf_counter() - started
