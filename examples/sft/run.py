@@ -61,12 +61,13 @@ def main() -> None:
         iterations=args.iterations,
         tasks_per_iteration=4 if tiny else 16,
         samples_per_task=2 if tiny else 4,
-        lr=1e-4 if tiny else 2e-5,
+        lr=1e-4 if tiny else 1e-5,
     )
-    algorithm = SeededExpertIteration(SFT(config), seed_traces=8 if tiny else 32)
-    result = agl.Trainer(algorithm=algorithm, n_runners=16, output_dir=str(args.out)).fit(
-        calc_agent, make_tasks(200, seed=1), make_tasks(args.val, seed=10_001)
+    algorithm = SeededExpertIteration(SFT(config), seed_traces=8 if tiny else 64)
+    trainer = agl.Trainer(
+        algorithm=algorithm, n_runners=16, output_dir=str(args.out), sampling={"temperature": 0.7}
     )
+    result = trainer.fit(calc_agent, make_tasks(200, seed=1), make_tasks(args.val, seed=10_001))
     summary = {
         "model": args.model,
         "val_accuracy_before": result["val_reward_base"],
