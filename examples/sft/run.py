@@ -72,6 +72,7 @@ def main() -> None:
         "model": args.model,
         "val_accuracy_before": result["val_reward_base"],
         "val_accuracy_after_warm_start": result["val_reward_before"],
+        "warm_start_samples": result["warm_start_samples"],
         "val_accuracy_after": result["val_reward_after"],
         "iterations": result["history"],
     }

@@ -59,4 +59,5 @@ def test_iterated_sft_example_smoke_run(tmp_path: Path) -> None:
     _run("examples.sft.run", "--model", "tiny", "--iterations", "1", "--val", "2", "--out", str(tmp_path))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {"val_accuracy_before", "val_accuracy_after", "iterations"} <= set(summary)
+    assert summary["warm_start_samples"] == 16  # 8 traces x 2 assistant turns, trained before iterating
     assert (tmp_path / "sft-iteration-1.jsonl").exists()

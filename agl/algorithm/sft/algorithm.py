@@ -19,6 +19,7 @@ from agl.algorithm.base import Algorithm, TrainingContext, succeeded
 from agl.algorithm.sft.samples import (
     conversations_from_spans,
     export_jsonl,
+    samples_from_messages,
     samples_from_spans,
     select_rollouts,
 )
@@ -87,6 +88,12 @@ class SFT(Algorithm):
         self.policy = await asyncio.to_thread(Policy, policy_config, LossConfig())
         rng = random.Random(cfg.seed)
         version = "v0"
+        seed = []
+        if warm_start:
+            seed = samples_from_messages(self.policy.tokenizer, list(warm_start), ctx.extra.get("tools"))
+            for start in range(0, len(seed), cfg.batch_size):
+                await asyncio.to_thread(self.policy.sft_step, seed[start : start + cfg.batch_size])
+            version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
         resources_id = await ctx.publish(
             {"llm": ctx.llm, "weights": ModelWeights(uri=cfg.model_path, version=version)}
         )
@@ -133,4 +140,9 @@ class SFT(Algorithm):
                 after = await self._evaluate(ctx, val, resources_id)
                 row["val_reward"] = after
             self.history.append(row)
-        return {"val_reward_before": before, "val_reward_after": after, "history": self.history}
+        return {
+            "val_reward_before": before,
+            "val_reward_after": after,
+            "warm_start_samples": len(seed),
+            "history": self.history,
+        }
