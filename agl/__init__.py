@@ -17,7 +17,7 @@ _EXPORTS: dict[str, str] = {
     "SFT": "agl.algorithm.sft",
     "SFTConfig": "agl.algorithm.sft",
     "TrainingContext": "agl.algorithm",
-    "algorithm": "agl.algorithm",
+    "as_algorithm": "agl.algorithm",
     "APO": "agl.algorithm.apo",
     "APOConfig": "agl.algorithm.apo",
     "CommandAgent": "agl.agent",

@@ -27,7 +27,7 @@ CANDIDATES = [
 ]
 
 
-@agl.algorithm
+@agl.as_algorithm
 async def best_of_prompts(ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, float]:
     llm = (await ctx.store.get_latest_resources()).resources["llm"]  # type: ignore[union-attr]
     scores = {}

@@ -43,6 +43,8 @@ def _agl_imports(path: Path) -> set[str]:
 
 def test_public_surface_is_sorted_and_importable() -> None:
     assert agl.__all__ == sorted(agl.__all__)
+    # a public name equal to a subpackage would be shadowed once that subpackage is imported
+    assert [n for n in agl.__all__ if (PACKAGE / n).is_dir()] == []
     for name in agl.__all__:
         assert getattr(agl, name) is not None, name
 

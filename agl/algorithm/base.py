@@ -111,6 +111,6 @@ class FunctionAlgorithm(Algorithm):
         return await self.fn(ctx, train, val)
 
 
-def algorithm(fn: Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]) -> Algorithm:
+def as_algorithm(fn: Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]) -> Algorithm:
     """Make an ``async def fn(ctx, train, val)`` an Algorithm (the function form)."""
     return FunctionAlgorithm(fn)
