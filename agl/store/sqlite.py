@@ -51,6 +51,12 @@ R = TypeVar("R")
 Conn = sqlite3.Connection
 
 
+def _where_in(where: list[str], args: list[Any], column: str, values: list[Any]) -> None:
+    """Add ``column IN (...)``; an empty list matches nothing (valid SQL in SQLite and PostgreSQL)."""
+    where.append(f"{column} IN ({','.join('?' * len(values))})" if values else "1=0")
+    args += values
+
+
 class SqliteLightningStore(LightningStore):
     """A LightningStore in one SQLite file (``":memory:"`` for a private, non-durable one).
 
@@ -330,11 +336,10 @@ class SqliteLightningStore(LightningStore):
         limit: int = 100,
         cursor: str | None = None,
     ) -> Page[Rollout]:
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         if status is not None:
-            values = [RolloutStatus(s).value for s in status]
-            where.append(f"status IN ({','.join('?' * len(values))})" if values else "1=0")
-            args += values
+            _where_in(where, args, "status", [RolloutStatus(s).value for s in status])
         if mode is not None:
             where.append("mode=?")
             args.append(mode)
@@ -342,9 +347,7 @@ class SqliteLightningStore(LightningStore):
             where.append("group_id=?")
             args.append(group_id)
         if rollout_ids is not None:
-            ids = list(rollout_ids)
-            where.append(f"rollout_id IN ({','.join('?' * len(ids))})" if ids else "1=0")
-            args += ids
+            _where_in(where, args, "rollout_id", list(rollout_ids))
         column = {"created_at": "pos", "updated_at": "updated_at", "rollout_id": "rollout_id"}[order_by]
         return await self._page(
             "rollouts",
@@ -470,9 +473,7 @@ class SqliteLightningStore(LightningStore):
             where.append("rollout_id=?")
             args.append(rollout_id)
         if status is not None:
-            values = [AttemptStatus(s).value for s in status]
-            where.append(f"status IN ({','.join('?' * len(values))})" if values else "1=0")
-            args += values
+            _where_in(where, args, "status", [AttemptStatus(s).value for s in status])
         if worker_id is not None:
             where.append("worker_id=?")
             args.append(worker_id)
@@ -708,11 +709,10 @@ class SqliteLightningStore(LightningStore):
         self, *, status: Sequence[WorkerStatus] | None = None, limit: int = 100, cursor: str | None = None
     ) -> Page[Worker]:
         check_limit(limit)
-        where, args = [], []
+        where: list[str] = []
+        args: list[Any] = []
         if status is not None:
-            values = [WorkerStatus(s).value for s in status]
-            where.append(f"status IN ({','.join('?' * len(values))})" if values else "1=0")
-            args += values
+            _where_in(where, args, "status", [WorkerStatus(s).value for s in status])
         if cursor is not None:
             after, _ = decode_cursor(cursor)
             where.append("worker_id > ?")
