@@ -179,16 +179,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _runner_process(
-    url: str, first: int, count: int, seed: int, sleep_s: float, batch: str, out: Any
+    url: str, first: int, count: int, seed: int, sleep_s: float, batch: str, out: Any, go: Any
 ) -> None:
-    """One runner process: ``count`` async runners against the server; reports counts and latencies."""
+    """One runner process: ``count`` async runners against the server; reports counts and latencies.
+
+    It imports, connects and says ready first, then waits for ``go``: the clock measures the store,
+    not Python's start-up (reported apart as ``startup_s``).
+    """
     from agl.store.client import LightningStoreClient
 
-    async def go() -> None:
+    async def go_() -> None:
         client = LightningStoreClient(url)
         pool = attribute_pool(64, seed)
         timings = Timings()
+        await client.health()
+        out.put({"ready": True})
+        await asyncio.to_thread(go.wait)
+        cpu_at_go = _cpu_s()
         results = await asyncio.gather(
             *(
                 runner(
@@ -210,10 +223,11 @@ def _runner_process(
                 "spans": sum(s for _, s in results),
                 "ms": dict(timings.ms),
                 "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "cpu_s": _cpu_s() - cpu_at_go,
             }
         )
 
-    asyncio.run(go())
+    asyncio.run(go_())
 
 
 async def run_http(args: argparse.Namespace) -> dict[str, Any]:
@@ -282,6 +296,9 @@ async def run_http(args: argparse.Namespace) -> dict[str, Any]:
         "latency": timings.summary(),
         "server_peak_rss_mb": round(peak_server_rss, 1),
         "runners_rss_mb_total": round(sum(r["rss_mb"] for r in waves[-1]["reports"]), 1),
+        "runner_startup_s": round(max(wave["startup_s"] for wave in waves), 2),
+        "server_cpu_s": round(sum(wave["server_cpu_s"] for wave in waves), 2),
+        "runners_cpu_s": round(sum(r["cpu_s"] for r in reports), 2),
         "waves": len(waves),
         "server_rss_mb_by_wave": [round(w["server_peak_rss_mb"], 1) for w in waves],
         "rollouts_per_s_by_wave": [round(args.rollouts / w["seconds"], 1) for w in waves],
@@ -295,20 +312,27 @@ async def _wave(client: Any, url: str, args: argparse.Namespace, server_proc: An
     await client.enqueue_rollouts([RolloutCreate(input={"i": i}) for i in range(args.rollouts)])
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
+    go = ctx.Event()
     per = [
         args.runners // args.processes + (1 if i < args.runners % args.processes else 0)
         for i in range(args.processes)
     ]
     procs = [
         ctx.Process(
-            target=_runner_process, args=(url, sum(per[:i]), n, args.seed, args.sleep, args.batch, out)
+            target=_runner_process,
+            args=(url, sum(per[:i]), n, args.seed, args.sleep, args.batch, out, go),
         )
         for i, n in enumerate(per)
     ]
-    peak = 0.0
-    start = time.perf_counter()
+    launched = time.perf_counter()
     for proc in procs:
         proc.start()
+    for _ in procs:
+        await asyncio.to_thread(out.get, True, 120)
+    peak = 0.0
+    cpu_before = sum(server_proc.cpu_times()[:2])
+    start = time.perf_counter()
+    go.set()
     reports: list[dict[str, Any]] = []
     while len(reports) < len(procs):
         try:
@@ -319,7 +343,14 @@ async def _wave(client: Any, url: str, args: argparse.Namespace, server_proc: An
     elapsed = time.perf_counter() - start
     for proc in procs:
         proc.join()
-    return {"reports": reports, "seconds": elapsed, "server_peak_rss_mb": peak}
+    server_cpu = sum(server_proc.cpu_times()[:2]) - cpu_before
+    return {
+        "reports": reports,
+        "seconds": elapsed,
+        "startup_s": start - launched,
+        "server_peak_rss_mb": peak,
+        "server_cpu_s": server_cpu,
+    }
 
 
 def main() -> None:
