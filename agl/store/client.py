@@ -1,7 +1,8 @@
 """``LightningStoreClient``: the LightningStore API over HTTP, raising what a local store raises.
 
 Concurrency model: one pooled ``httpx.AsyncClient`` per event loop (a runner's threads may each run
-their own loop). Connection errors and 5xx are retried with exponential backoff; every mutating call
+their own loop), on aiohttp's connection pool (``httpx-aiohttp``): httpcore's pool cost the runners
+more CPU than the server spent answering them (NOTES.md). Connection errors and 5xx are retried with exponential backoff; every mutating call
 is safe to retry: enqueue and add_resources get client-chosen ids, span batches are deduplicated by
 span id, and the rest carry an ``Idempotency-Key`` the server answers from its cache.
 """
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
+from httpx_aiohttp import HttpxAiohttpClient
 from pydantic import BaseModel, TypeAdapter
 
 from agl import errors
@@ -105,7 +107,7 @@ class LightningStoreClient(LightningStore):
             if client is None:
                 headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
                 limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-                client = httpx.AsyncClient(
+                client = HttpxAiohttpClient(
                     base_url=self.url, headers=headers, timeout=self.timeout_s, limits=limits
                 )
                 self._clients[loop] = client
