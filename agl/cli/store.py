@@ -41,7 +41,31 @@ def serve(
     store = open_store(backend)
     application = create_app(store, token=token, max_body_bytes=max_body_mb * 1024 * 1024)
     typer.echo(f"agl store serving {backend} on http://{host}:{port}")
-    uvicorn.run(application, host=host, port=port, log_level="warning", loop="uvloop", http="httptools")
+    _tune_gc_for_serving()
+    uvicorn.run(
+        application,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
+
+
+def _tune_gc_for_serving() -> None:
+    """Fewer cyclic-GC passes in this dedicated server process.
+
+    Every span batch allocates thousands of short-lived containers (nested attributes) and almost
+    none form cycles, so CPython's default young-generation threshold (700) runs the collector
+    several times per request for nothing; with the startup heap frozen out of its scans and a
+    larger threshold the server spends about a quarter less CPU per request (NOTES.md).
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 @app.command()
