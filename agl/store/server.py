@@ -1,8 +1,9 @@
 """The LightningStore over HTTP: a FastAPI app serving every store method as JSON under ``/v1/agl``.
 
-Errors keep their class across the wire: one table maps each ``agl.errors`` class to a status code
-and the body names it (``{"error": {"type", "message", "field", "rollout_id", "attempt_id"}}``);
-the client raises the same class again. Bad input is always a 4xx, never a 5xx.
+Errors keep their class across the wire: ``_http_errors`` maps each ``agl.errors`` class to a status
+code and the body names it (``{"error": {"type", "message", "field", "rollout_id", "attempt_id"}}``);
+the client raises the same class again. Bad input is always a 4xx, never a 5xx. The four calls a
+runner makes per rollout skip FastAPI's machinery (``_hot_routes``); FastAPI serves the rest.
 
 Auth and exposure: with a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
 (compared in constant time). Request bodies are capped (``max_body_bytes``, 413 beyond).
@@ -24,49 +25,30 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from agl import errors
 from agl.schemas import Attempt, AttemptedRollout, ResourcesVersion, Rollout, Span, Worker
 from agl.store import _wire as w
+from agl.store._hot_routes import HotRoute, HotRoutes
+from agl.store._http_errors import agl_error, error_body, validation_error
 from agl.store.base import LightningStore, Page, StoreStatistics
 
 _STORED_SPANS = TypeAdapter(list[w.StoredSpan])
-
-ERROR_STATUS: list[tuple[type[errors.AglError], int]] = [
-    (errors.NotFoundError, 404),
-    (errors.StaleAttemptError, 409),
-    (errors.ConflictError, 409),
-    (errors.InvalidTransitionError, 409),
-    (errors.InvalidSpanError, 422),
-    (errors.UnauthorizedError, 401),
-    (errors.StoreUnavailableError, 503),
-    (errors.StoreError, 400),
-    (errors.ConfigError, 400),
-    (errors.AglError, 400),
-]
-
-
-def status_for(exc: errors.AglError) -> int:
-    """The HTTP status of an agl error: the first table entry in its MRO wins."""
-    for cls in type(exc).__mro__:
-        for known, status in ERROR_STATUS:
-            if cls is known:
-                return status
-    return 400
-
-
-def error_body(type_name: str, message: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "error": {"type": type_name, "message": message, **{k: v for k, v in extra.items() if v is not None}}
-    }
+_MAYBE_CLAIM = TypeAdapter(AttemptedRollout | None)
+_ATTEMPT = TypeAdapter(Attempt)
+_ROLLOUT = TypeAdapter(Rollout)
 
 
 class _GuardMiddleware:
-    """Bearer-token check (all routes but /health) and a request body size cap, as plain ASGI."""
+    """Bearer-token check (all routes but /health) and a request body size cap, as plain ASGI.
 
-    def __init__(self, app: Any, token: str | None, max_body_bytes: int) -> None:
+    Behind the checks, the hot routes are answered here and everything else goes to FastAPI.
+    """
+
+    def __init__(self, app: Any, token: str | None, max_body_bytes: int, hot: HotRoutes) -> None:
         self.app = app
+        self.hot = hot
         self.expected = f"Bearer {token}".encode() if token else None
         self.max_body_bytes = max_body_bytes
 
@@ -96,7 +78,11 @@ class _GuardMiddleware:
             return message
 
         try:
-            await self.app(scope, limited_receive, send)
+            hot = self.hot.match(scope)
+            if hot is not None:
+                await self.hot.serve(*hot, scope, limited_receive, send)
+            else:
+                await self.app(scope, limited_receive, send)
         except _BodyTooLarge:
             await self._too_large(scope, receive, send)
 
@@ -112,33 +98,68 @@ class _BodyTooLarge(BaseException):  # not Exception: FastAPI would turn it into
 
 
 class _IdempotencyCache:
-    """First responses of keyed requests, kept for ``ttl_s`` so retries are answered, not re-executed."""
+    """First answers of keyed requests, kept for ``ttl_s`` so retries are answered, not re-executed.
+
+    An entry holds what ``keep`` makes of the answer (a claim's ids, not the claim) and ``replay``
+    turns that back into an answer, so a full cache costs a few MB, not one object graph per key.
+    """
 
     def __init__(self, ttl_s: float = 600.0, max_entries: int = 20_000) -> None:
         self.ttl_s, self.max_entries = ttl_s, max_entries
         self._entries: OrderedDict[str, tuple[float, asyncio.Future[Any]]] = OrderedDict()
 
-    async def run(self, key: str | None, call: Callable[[], Awaitable[Any]]) -> Any:
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def run(
+        self,
+        key: str | None,
+        call: Callable[[], Awaitable[Any]],
+        keep: Callable[[Any], Any] = lambda answer: answer,
+        replay: Callable[[Any], Awaitable[Any]] | None = None,
+    ) -> Any:
         if key is None:
             return await call()
         now = time.monotonic()
         while self._entries and next(iter(self._entries.values()))[0] < now - self.ttl_s:
             self._entries.popitem(last=False)
         if key in self._entries:
-            return await asyncio.shield(self._entries[key][1])
+            kept = await asyncio.shield(self._entries[key][1])
+            return kept if replay is None else await replay(kept)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._entries[key] = (now, future)
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
         try:
-            result = await call()
+            answer = await call()
         except BaseException as exc:
-            del self._entries[key]  # a failed call may be retried for real
+            self._entries.pop(key, None)  # a failed call may be retried for real
             future.set_exception(exc)
             future.exception()  # mark retrieved
             raise
-        future.set_result(result)
-        return result
+        future.set_result(keep(answer))
+        return answer
+
+
+def _claim_ids(claim: AttemptedRollout | None) -> tuple[str, str] | None:
+    return None if claim is None else (claim.rollout.rollout_id, claim.attempt.attempt_id)
+
+
+async def _claim_now(store: LightningStore, ids: tuple[str, str] | None) -> AttemptedRollout | None:
+    """A remembered claim as the store holds it now (the watchdog may have moved it since)."""
+    if ids is None:
+        return None
+    rollout_id, attempt_id = ids
+    rollout = await store.get_rollout(rollout_id)
+    attempts = await store.query_attempts(rollout_id=rollout_id, limit=10_000)
+    attempt = next((a for a in attempts.items if a.attempt_id == attempt_id), None)
+    if attempt is None:
+        raise errors.NotFoundError(
+            f"no attempt {attempt_id!r} of rollout {rollout_id!r}",
+            rollout_id=rollout_id,
+            attempt_id=attempt_id,
+        )
+    return AttemptedRollout(rollout=rollout, attempt=attempt)
 
 
 def create_app(
@@ -156,26 +177,46 @@ def create_app(
     cache = _IdempotencyCache()
     p = w.API_PREFIX
 
+    async def replay_claim(ids: tuple[str, str] | None) -> AttemptedRollout | None:
+        return await _claim_now(store, ids)
+
     @app.exception_handler(errors.AglError)
     async def _agl_error(request: Request, exc: errors.AglError) -> JSONResponse:
-        body = error_body(
-            type(exc).__name__,
-            exc.message,
-            rollout_id=exc.rollout_id,
-            attempt_id=exc.attempt_id,
-            field=getattr(exc, "param", None),
-        )
-        return JSONResponse(body, status_code=status_for(exc))
+        status, body = agl_error(exc)
+        return JSONResponse(body, status_code=status)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = exc.errors()
-        fields = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in problems]
-        message = "; ".join(f"{f or '<body>'}: {e.get('msg')}" for f, e in zip(fields, problems, strict=True))
-        status = 400 if any(e.get("type") == "json_invalid" for e in problems) else 422
-        return JSONResponse(
-            error_body("ValidationError", message, field=fields[0] if fields else None), status
+        status, body = validation_error(exc.errors())
+        return JSONResponse(body, status_code=status)
+
+    # ----- the calls behind the hot routes, shared with their FastAPI declarations ------------
+    async def dequeue_call(
+        _: dict[str, str], body: w.DequeueRequest, key: str | None
+    ) -> AttemptedRollout | None:
+        call = lambda: store.dequeue(body.worker_id)  # noqa: E731
+        return await cache.run(key, call, _claim_ids, replay_claim)  # type: ignore[no-any-return]
+
+    async def add_spans_call(_: dict[str, str], body: w.SpansRequest, __: str | None) -> list[w.StoredSpan]:
+        return [w.StoredSpan.of(s) for s in await store.add_spans(body.spans)]
+
+    async def update_attempt_call(ids: dict[str, str], body: w.AttemptPatch, _: str | None) -> Attempt:
+        return await store.update_attempt(
+            ids["rollout_id"], ids["attempt_id"], status=body.status, error=body.error, metadata=body.metadata
         )
+
+    async def heartbeat_call(ids: dict[str, str], _: None, __: str | None) -> Rollout:
+        return await store.heartbeat(ids["rollout_id"], ids["attempt_id"])
+
+    attempt_path = f"{p}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}"
+    hot = HotRoutes(
+        [
+            HotRoute("POST", f"{p}/rollouts/dequeue", w.DequeueRequest, _MAYBE_CLAIM, dequeue_call),
+            HotRoute("POST", f"{p}/spans", w.SpansRequest, _STORED_SPANS, add_spans_call),
+            HotRoute("PATCH", attempt_path, w.AttemptPatch, _ATTEMPT, update_attempt_call),
+            HotRoute("POST", f"{attempt_path}/heartbeat", None, _ROLLOUT, heartbeat_call),
+        ]
+    )
 
     def key(request: Request) -> str | None:
         return request.headers.get("idempotency-key")
@@ -191,11 +232,12 @@ def create_app(
 
     @app.post(f"{p}/rollouts/dequeue")
     async def dequeue(body: w.DequeueRequest, request: Request) -> AttemptedRollout | None:
-        return await cache.run(key(request), lambda: store.dequeue(body.worker_id))  # type: ignore[no-any-return]
+        return await dequeue_call({}, body, key(request))
 
     @app.post(f"{p}/rollouts/start")
     async def start(body: w.StartRequest, request: Request) -> AttemptedRollout:
-        return await cache.run(key(request), lambda: store.start_rollout(body.rollout, body.worker_id))  # type: ignore[no-any-return]
+        call = lambda: store.start_rollout(body.rollout, body.worker_id)  # noqa: E731
+        return await cache.run(key(request), call, _claim_ids, replay_claim)  # type: ignore[no-any-return]
 
     @app.post(f"{p}/rollouts/query")
     async def query_rollouts(body: w.RolloutQuery) -> Page[Rollout]:
@@ -219,41 +261,23 @@ def create_app(
         return await cache.run(key(request), lambda: store.next_sequence_id(rollout_id))  # type: ignore[no-any-return]
 
     # ----- attempts -------------------------------------------------------------------------
-    @app.patch(f"{p}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}")
+    @app.patch(attempt_path)
     async def update_attempt(rollout_id: str, attempt_id: str, body: w.AttemptPatch) -> Attempt:
-        return await store.update_attempt(
-            rollout_id, attempt_id, status=body.status, error=body.error, metadata=body.metadata
-        )
+        return await update_attempt_call({"rollout_id": rollout_id, "attempt_id": attempt_id}, body, None)
 
-    @app.post(f"{p}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}/heartbeat")
+    @app.post(f"{attempt_path}/heartbeat")
     async def heartbeat(rollout_id: str, attempt_id: str) -> Rollout:
-        return await store.heartbeat(rollout_id, attempt_id)
+        return await heartbeat_call({"rollout_id": rollout_id, "attempt_id": attempt_id}, None, None)
 
     @app.post(f"{p}/attempts/query")
     async def query_attempts(body: w.AttemptQuery) -> Page[Attempt]:
         return await store.query_attempts(**body.model_dump())
 
     # ----- spans ----------------------------------------------------------------------------
-    @app.post(
-        f"{p}/spans",
-        response_model=list[w.StoredSpan],
-        openapi_extra={
-            "requestBody": {
-                "content": {"application/json": {"schema": w.SpansRequest.model_json_schema()}},
-                "required": True,
-            }
-        },
-    )
-    async def add_spans(request: Request) -> Response:
-        # the hot path: parse straight from bytes with pydantic-core, answer with ids only (not the spans back)
-        try:
-            body = w.SpansRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from exc
-        stored = await store.add_spans(body.spans)
-        return Response(
-            _STORED_SPANS.dump_json([w.StoredSpan.of(s) for s in stored]), media_type="application/json"
-        )
+    @app.post(f"{p}/spans")
+    async def add_spans(body: w.SpansRequest) -> list[w.StoredSpan]:
+        """Stores a batch; answers with the ids and sequence ids of the newly stored spans only."""
+        return await add_spans_call({}, body, None)
 
     @app.post(f"{p}/spans/query")
     async def query_spans(body: w.SpanQuery) -> Page[Span]:
@@ -265,7 +289,8 @@ def create_app(
         call = lambda: store.add_resources(  # noqa: E731
             body.resources, resources_id=body.resources_id, parent_id=body.parent_id, metadata=body.metadata
         )
-        return await cache.run(key(request), call)  # type: ignore[no-any-return]
+        keep = lambda version: version.resources_id  # noqa: E731
+        return await cache.run(key(request), call, keep, store.get_resources)  # type: ignore[no-any-return]
 
     @app.get(f"{p}/resources/latest")
     async def latest_resources() -> ResourcesVersion | None:
@@ -312,4 +337,4 @@ def create_app(
             orjson.dumps({"partialSuccess": {}, "accepted": len(stored)}), media_type="application/json"
         )
 
-    return _GuardMiddleware(app, token, max_body_bytes)
+    return _GuardMiddleware(app, token, max_body_bytes, hot)

@@ -174,3 +174,35 @@ async def test_open_store_http_url() -> None:
         await remote.enqueue_rollout("via-url")
         assert (await client.statistics()).rollouts_by_status == {"queuing": 1}
         await remote.aclose()
+
+
+async def test_idempotency_cache_keeps_only_what_replays_an_answer_and_stays_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agl.store import server as server_module
+
+    now = [1000.0]
+    monkeypatch.setattr(server_module.time, "monotonic", lambda: now[0])
+    cache = server_module._IdempotencyCache(ttl_s=60, max_entries=100)
+    calls = 0
+
+    async def call() -> dict[str, object]:
+        nonlocal calls
+        calls += 1
+        return {"id": calls, "payload": "x" * 10_000}
+
+    async def replay(kept: int) -> dict[str, object]:
+        return {"id": kept, "replayed": True}
+
+    def keep(answer: dict[str, object]) -> object:
+        return answer["id"]
+
+    for i in range(250):
+        assert (await cache.run(f"k{i}", call, keep, replay))["id"] == i + 1
+    assert len(cache) == 100  # the oldest keys went first
+    assert await cache.run("k249", call, keep, replay) == {"id": 250, "replayed": True}
+    assert calls == 250
+    assert (await cache.run("k0", call, keep, replay))["id"] == 251  # evicted: runs again
+    now[0] += 61
+    assert (await cache.run("k249", call, keep, replay))["id"] == 252  # expired: runs again
+    assert len(cache) == 1
