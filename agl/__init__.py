@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "AttemptStatus": "agl.schemas",
     "InMemoryLightningStore": "agl.store",
     "LightningStore": "agl.store",
+    "LightningStoreClient": "agl.store.client",
     "PromptTemplate": "agl.schemas",
     "ResourcesVersion": "agl.schemas",
     "RetryConfig": "agl.schemas",
