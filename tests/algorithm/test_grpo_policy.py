@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,8 @@ import torch
 
 from agl.adapter import Sample, llm_calls, to_samples
 from agl.algorithm.grpo import LossConfig
-from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate, token_logprobs
+from agl.algorithm.grpo.logprobs import token_logprobs
+from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.schemas import Span
@@ -103,6 +105,22 @@ def test_micro_batches_give_the_gradient_of_one_batch(tiny: Path, aggregation: s
     assert len(whole.micro_batches(samples)) == 1
     assert len(small.micro_batches(samples)) >= 4
     _assert_same(_grads(whole, samples, adv, index), _grads(small, samples, adv, index))
+
+
+def _checkpointing(model: torch.nn.Module) -> bool:
+    if hasattr(type(model), "is_activation_checkpointing"):  # transformers >= 5
+        return bool(model.is_activation_checkpointing)
+    return bool(model.is_gradient_checkpointing)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_activation_checkpointing_gives_the_same_gradient(tiny: Path, lora_rank: int) -> None:
+    config = PolicyConfig(model_path=str(tiny), lr=0.0, lora_rank=lora_rank)
+    plain = Policy(config, LossConfig())
+    recomputed = Policy(dataclasses.replace(config, activation_checkpointing=True), LossConfig())
+    assert _checkpointing(recomputed.model) and not _checkpointing(plain.model)
+    batch = _batch("trajectory")
+    _assert_same(_grads(plain, *batch), _grads(recomputed, *batch))
 
 
 def test_collate_shifts_masks_to_the_predicted_token() -> None:

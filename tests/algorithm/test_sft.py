@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from agl import semconv as sc
+from agl.algorithm.grpo.logprobs import token_logprobs
 from agl.algorithm.grpo.loss import LossConfig
-from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate, sft_loss, token_logprobs
+from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate, sft_loss
 from agl.algorithm.sft import export_jsonl, samples_from_messages, select_rollouts
 from agl.models import tiny_model
 from agl.schemas import Rollout, RolloutStatus, Span

@@ -41,6 +41,7 @@ class GRPOConfig:
     lr: float = 1e-5
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 4096
+    activation_checkpointing: bool = False  # recompute activations in backward: less memory, more compute
     lora_rank: int = 0
     scale_by_std: bool = True  # False: Dr. GRPO (no std division)
     level: Literal["trajectory", "transition"] = "trajectory"
@@ -164,6 +165,7 @@ class GRPO(Algorithm):
                 lr=cfg.lr,
                 max_grad_norm=cfg.max_grad_norm,
                 micro_batch_tokens=cfg.micro_batch_tokens,
+                activation_checkpointing=cfg.activation_checkpointing,
                 lora_rank=cfg.lora_rank,
                 kl_coef=cfg.loss.kl_coef,
                 seed=cfg.seed,

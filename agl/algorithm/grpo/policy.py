@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from agl.adapter.trajectory import Sample
+from agl.algorithm.grpo.logprobs import token_logprobs
 from agl.algorithm.grpo.loss import LossConfig, grpo_loss, token_weights
 from agl.errors import ConfigError
 
@@ -29,6 +30,7 @@ class PolicyConfig:
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: int = 32
     kl_coef: float = 0.0
+    activation_checkpointing: bool = False  # less memory for about a third more compute (NOTES.md)
     seed: int = 0
 
 
@@ -75,16 +77,13 @@ def collate(
     )
 
 
-def token_logprobs(
-    model: Any, input_ids: torch.Tensor, attention: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T-1) log-probs of each next token, and the (B, T-1) entropy of the predicted distribution."""
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].float()  # (B, T-1, V)
-    logp = torch.log_softmax(logits, dim=-1)  # (B, T-1, V)
-    taken = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (B, T-1)
-    with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)  # (B, T-1)
-    return taken, entropy
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them."""
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+    if enable is not None:
+        enable()
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
@@ -105,6 +104,8 @@ class Policy:
         model = AutoModelForCausalLM.from_pretrained(
             config.model_path, local_files_only=True, dtype=torch.float32
         )
+        if config.activation_checkpointing:
+            enable_activation_checkpointing(model)
         self.reference = None
         if config.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(

@@ -40,6 +40,7 @@ class SFTConfig:
     lr: float = 1e-5
     lora_rank: int = 0
     micro_batch_tokens: int = 4096
+    activation_checkpointing: bool = False  # recompute activations in backward: less memory, more compute
     export_jsonl: bool = True
     rollout_timeout_s: float = 600.0
     seed: int = 0
@@ -84,6 +85,7 @@ class SFT(Algorithm):
             lr=cfg.lr,
             lora_rank=cfg.lora_rank,
             micro_batch_tokens=cfg.micro_batch_tokens,
+            activation_checkpointing=cfg.activation_checkpointing,
         )
         self.policy = await asyncio.to_thread(Policy, policy_config, LossConfig())
         rng = random.Random(cfg.seed)
