@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl import semconv as sc
+from agl.algorithm.base import rollout_spans
 from agl.schemas import LLMCall, RolloutStatus, Span
 from agl.store.base import LightningStore
 
@@ -48,14 +49,7 @@ async def load_trajectories(store: LightningStore, rollout_ids: Sequence[str]) -
     out = []
     for rollout_id in rollout_ids:
         rollout = await store.get_rollout(rollout_id)
-        spans: list[Span] = []
-        cursor = None
-        while True:
-            page = await store.query_spans(rollout_id=rollout_id, attempt_id="latest", cursor=cursor)
-            spans += page.items
-            cursor = page.next_cursor
-            if cursor is None:
-                break
+        spans = await rollout_spans(store, rollout_id)
         out.append(trajectory_from_spans(rollout_id, rollout.input, rollout.status.value, spans))
     return out
 
