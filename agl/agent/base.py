@@ -45,11 +45,10 @@ class LitAgent:
         return self.rollout(task, resources, rollout)
 
     def _method_for(self, mode: str) -> Callable[..., Any]:
-        own = type(self).__dict__
-        if mode == "train" and "training_rollout" in own:
-            return self.training_rollout
-        if mode == "val" and "validation_rollout" in own:
-            return self.validation_rollout
+        """The mode's method when any class in the MRO overrides it (not only the leaf), else ``rollout``."""
+        name = {"train": "training_rollout", "val": "validation_rollout"}.get(mode)
+        if name is not None and getattr(type(self), name) is not getattr(LitAgent, name):
+            return getattr(self, name)  # type: ignore[no-any-return]
         return self.rollout
 
     async def execute(
