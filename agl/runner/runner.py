@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,7 +21,8 @@ from typing import Any
 
 from agl.agent.base import LitAgent, scoped_llm
 from agl.emit import emit_exception, emit_reward
-from agl.errors import AglError, StaleAttemptError
+from agl.errors import AglError, StaleAttemptError, StoreUnavailableError
+from agl.runner.outage import GaveUp, StoreOutage
 from agl.schemas import (
     LLM,
     AttemptedRollout,
@@ -93,6 +95,11 @@ class Runner:
         heartbeat_interval_s: how often a running attempt tells the store it is alive.
         poll_interval_s: back-off between dequeues when the queue is empty.
         shutdown_grace_s: on SIGINT/SIGTERM, how long in-flight attempts may finish before they are failed.
+        store_backoff_s, max_store_backoff_s: while the store is unreachable (past the client's own
+            retries) the runner retries with exponential backoff from ``store_backoff_s`` up to
+            ``max_store_backoff_s`` (with jitter), for as long as it takes; claiming resumes after.
+        report_timeout_s: how long a finished attempt keeps trying to report its spans and status to
+            an unreachable store before it gives them up.
     """
 
     def __init__(
@@ -109,6 +116,9 @@ class Runner:
         flush_every: int = 64,
         hooks: RunnerHooks | None = None,
         handle_signals: bool = True,
+        store_backoff_s: float = 0.5,
+        max_store_backoff_s: float = 30.0,
+        report_timeout_s: float = 600.0,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -124,7 +134,12 @@ class Runner:
         self.hooks = hooks or RunnerHooks()
         self.handle_signals = handle_signals  # off when an owner (Trainer.fit) handles Ctrl-C itself
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="agl-agent")
+        self.report_timeout_s = report_timeout_s
+        self.outage = StoreOutage(
+            self.worker_id, backoff_s=store_backoff_s, max_backoff_s=max_store_backoff_s
+        )
         self._stopping: asyncio.Event | None = None  # created on the running loop
+        self._stop_requested = False  # a stop() before run() starts is honoured
         self._resources_cache: dict[str, ResourcesVersion] = {}
         self.stats = _Stats()
 
@@ -136,12 +151,10 @@ class Runner:
 
         Returns the outcomes of the attempts this call ran.
         """
-        self._stopping = asyncio.Event()
+        stopping = self._stopping = asyncio.Event()
+        if self._stop_requested:
+            stopping.set()
         first = len(self.stats.outcomes)
-        with suppressed():
-            await self.store.update_worker(
-                self.worker_id, host={"hostname": socket.gethostname(), "pid": os.getpid()}
-            )
         if self.handle_signals:
             self._install_signal_handlers()
         slots = asyncio.Semaphore(self.max_concurrency)
@@ -149,13 +162,11 @@ class Runner:
         claimed = 0
         delay = self.poll_interval_s
         try:
-            while not self._stopping.is_set() and (max_rollouts is None or claimed < max_rollouts):
-                await slots.acquire()
-                if self._stopping.is_set():
-                    slots.release()
+            await self._register()
+            while not stopping.is_set() and (max_rollouts is None or claimed < max_rollouts):
+                if not await self._acquire(slots):
                     break
-                with suppressed():
-                    attempt = await self.store.dequeue(self.worker_id)
+                attempt = await self._dequeue()
                 if attempt is None:
                     slots.release()
                     if stop_when_idle and not tasks:
@@ -172,9 +183,52 @@ class Runner:
                 task.add_done_callback(lambda _: slots.release())
             await self._drain(tasks)
         finally:
+            self._stop_requested = False
             if self.handle_signals:
                 self._remove_signal_handlers()
         return self.stats.outcomes[first:]
+
+    async def _register(self) -> None:
+        host = {"hostname": socket.gethostname(), "pid": os.getpid()}
+
+        async def call() -> Any:
+            with suppressed():
+                return await self.store.update_worker(self.worker_id, host=host)
+
+        with contextlib.suppress(GaveUp):
+            await self.outage.call("registering the worker", call, stop=self._stopping)
+
+    async def _dequeue(self) -> AttemptedRollout | None:
+        """The next attempt; None when the queue is empty or the runner stopped during an outage."""
+
+        async def call() -> AttemptedRollout | None:
+            with suppressed():
+                return await self.store.dequeue(self.worker_id)
+
+        try:
+            return await self.outage.call("claiming a rollout", call, stop=self._stopping)
+        except GaveUp:
+            return None
+
+    async def _acquire(self, slots: asyncio.Semaphore) -> bool:
+        """Take a concurrency slot; False (holding none) once the runner is stopping."""
+        assert self._stopping is not None
+        if not slots.locked():
+            await slots.acquire()
+        else:
+            acquire = asyncio.ensure_future(slots.acquire())
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+            if not acquire.done():
+                acquire.cancel()
+                await asyncio.gather(acquire, return_exceptions=True)
+            if not acquire.done() or acquire.cancelled():
+                return False
+        if self._stopping.is_set():
+            slots.release()
+            return False
+        return True
 
     async def _drain(self, tasks: set[asyncio.Task[AttemptOutcome]]) -> None:
         """Let in-flight attempts finish; past the grace period (when stopping) cancel them."""
@@ -188,7 +242,11 @@ class Runner:
             await asyncio.wait(pending)
 
     def stop(self) -> None:
-        """Stop claiming; in-flight attempts get ``shutdown_grace_s`` to finish."""
+        """Stop claiming; in-flight attempts get ``shutdown_grace_s`` to finish.
+
+        Called before :meth:`run` has started (a trainer tearing down early), the next run returns at once.
+        """
+        self._stop_requested = True
         if self._stopping is not None:
             self._stopping.set()
 
@@ -244,11 +302,16 @@ class Runner:
     async def _resources(self, rollout: Rollout) -> ResourcesVersion | None:
         if rollout.resources_id is None:
             return None
-        cached = self._resources_cache.get(rollout.resources_id)
+        resources_id = rollout.resources_id
+        cached = self._resources_cache.get(resources_id)
         if cached is None:
-            with suppressed():
-                cached = await self.store.get_resources(rollout.resources_id)
-            self._resources_cache[rollout.resources_id] = cached
+
+            async def call() -> ResourcesVersion:
+                with suppressed():
+                    return await self.store.get_resources(resources_id)
+
+            cached = await self.outage.call("loading resources", call)
+            self._resources_cache[resources_id] = cached
         return cached
 
     async def _run_attempt(self, claimed: AttemptedRollout) -> AttemptOutcome:
@@ -297,12 +360,16 @@ class Runner:
         await self._flush(ctx, final=True)
         spans = int(ctx.extra.get("spans_stored", 0))
         if not ctx.extra.get("superseded"):
-            try:
+
+            async def report() -> Any:
                 with suppressed():
-                    await self.store.update_attempt(rid, aid, status=status, error=error)
+                    return await self.store.update_attempt(rid, aid, status=status, error=error)
+
+            try:
+                await self.outage.call(f"reporting attempt {aid}", report, deadline_s=self.report_timeout_s)
             except StaleAttemptError as exc:
                 log.info("attempt %s was superseded before it reported: %s", aid, exc)
-            except AglError:
+            except (AglError, GaveUp):
                 log.exception("could not report attempt %s of rollout %s as %s", aid, rid, status.value)
         return AttemptOutcome(rid, aid, status, reward=reward, error=error, spans=spans)
 
@@ -341,9 +408,13 @@ class Runner:
                 ctx.extra["superseded"] = str(exc)
                 agent_task.cancel()
                 return
+            except StoreUnavailableError as exc:
+                self.outage.failed(f"heartbeating attempt {ctx.attempt_id}", exc)
+                continue
             except AglError:
                 log.warning("heartbeat for attempt %s failed; will retry", ctx.attempt_id, exc_info=True)
                 continue
+            self.outage.succeeded()
             if rollout.status == RolloutStatus.CANCELLED:
                 ctx.extra["superseded"] = "rollout cancelled"
                 agent_task.cancel()
@@ -356,23 +427,40 @@ class Runner:
                 await self._flush(ctx)
 
     async def _flush(self, ctx: RolloutContext, *, final: bool = False) -> int:
-        """Write the buffered spans; a failed periodic write keeps them for the next one, the final one retries."""
+        """Write the buffered spans; a failed periodic write keeps them for the next one.
+
+        The final write retries: through a store outage for up to ``report_timeout_s``, other errors
+        three times; then the spans are counted lost.
+        """
         spans = ctx.buffer.take()
         if not spans:
             return 0
-        for retry in range(3 if final else 1):
+        started, errors, failures = time.monotonic(), 0, 0
+        while True:
             try:
                 with suppressed():
                     await self.store.add_spans(spans)
-                ctx.extra["spans_stored"] = ctx.extra.get("spans_stored", 0) + len(spans)
-                return len(spans)
-            except Exception:  # any store failure: telemetry never breaks the attempt
+            except StoreUnavailableError as exc:  # an outage: quiet, the outage tracker logs it once
                 self.stats.span_export_errors += 1
+                self.outage.failed(f"storing spans of attempt {ctx.attempt_id}", exc)
+                if final and time.monotonic() - started < self.report_timeout_s:
+                    failures += 1
+                    await asyncio.sleep(self.outage.delay(failures - 1))
+                    continue
+            except Exception:  # any other store failure: telemetry never breaks the attempt
+                self.stats.span_export_errors += 1
+                errors += 1
                 log.warning(
                     "could not store %d spans of attempt %s", len(spans), ctx.attempt_id, exc_info=True
                 )
-                if final:
-                    await asyncio.sleep(0.1 * 2**retry)
+                if final and errors < 3:
+                    await asyncio.sleep(0.1 * 2**errors)
+                    continue
+            else:
+                self.outage.succeeded()
+                ctx.extra["spans_stored"] = ctx.extra.get("spans_stored", 0) + len(spans)
+                return len(spans)
+            break
         if not final:
             for span in spans:
                 ctx.buffer.add(span)

@@ -361,14 +361,21 @@ async def test_store_calls_run_with_instrumentation_suppressed() -> None:
 async def test_span_write_failures_are_retried_counted_and_never_fail_the_agent() -> None:
     store = _WatchedStore(failing_writes=2)
     rollout = await store.enqueue_rollout("x")
-    runner = agl.Runner(agl.rollout(lambda task: 0.5), store, poll_interval_s=0.01)
+    runner = agl.Runner(
+        agl.rollout(lambda task: 0.5),
+        store,
+        poll_interval_s=0.01,
+        store_backoff_s=0.01,
+        max_store_backoff_s=0.05,
+        report_timeout_s=0.3,
+    )
     (outcome,) = await runner.run(max_rollouts=1)
     assert outcome.status == AttemptStatus.SUCCEEDED and outcome.spans == 1
     assert runner.stats.span_export_errors == 2 and runner.stats.spans_lost == 0
     (reward,) = await _spans(store, rollout.rollout_id)
     assert reward.attributes[sc.REWARD_VALUE] == 0.5
 
-    store.failing_writes = 10
+    store.failing_writes = 1000  # unreachable for longer than report_timeout_s: given up
     await store.enqueue_rollout("y")
     (outcome,) = await runner.run(max_rollouts=1)
     assert outcome.status == AttemptStatus.SUCCEEDED and outcome.spans == 0
