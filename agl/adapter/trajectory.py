@@ -30,6 +30,11 @@ class Sample:
     reward: float
     num_calls: int = 1
     model_version: str | None = None
+    #: ``[start, end)`` of each call's completion tokens in ``input_ids``, and each call's response id
+    call_spans: tuple[tuple[int, int], ...] = ()
+    call_response_ids: tuple[str | None, ...] = ()
+    #: per-token advantages aligned with ``input_ids`` (per-call credit); None: one advantage per sample
+    token_advantages: tuple[float, ...] | None = None
 
     @property
     def num_model_tokens(self) -> int:
@@ -90,18 +95,24 @@ class _Building:
     mask: list[int]
     logprobs: list[float] | None
     calls: list[LLMCall]
+    spans: list[tuple[int, int]]
 
 
 def _start(call: LLMCall) -> _Building:
     prompt, response = _prompt(call), _response(call)
     logprobs = None if call.logprobs is None else [0.0] * len(prompt) + list(call.logprobs)
-    return _Building(list(prompt) + list(response), [0] * len(prompt) + [1] * len(response), logprobs, [call])
+    ids = list(prompt) + list(response)
+    return _Building(
+        ids, [0] * len(prompt) + [1] * len(response), logprobs, [call], [(len(prompt), len(ids))]
+    )
 
 
 def _extend(building: _Building, call: LLMCall) -> None:
     inserted = _prompt(call)[len(building.ids) :]
     response = _response(call)
-    building.ids += inserted + response
+    building.ids += inserted
+    building.spans.append((len(building.ids), len(building.ids) + len(response)))
+    building.ids += response
     building.mask += [0] * len(inserted) + [1] * len(response)
     if building.logprobs is not None and call.logprobs is not None:
         building.logprobs += [0.0] * len(inserted) + list(call.logprobs)
@@ -152,6 +163,8 @@ def to_samples(
                 reward=reward if own is None else own,
                 num_calls=len(b.calls),
                 model_version=last.model_version,
+                call_spans=tuple(b.spans),
+                call_response_ids=tuple(c.response_id for c in b.calls),
             )
         )
     report.samples = len(samples)

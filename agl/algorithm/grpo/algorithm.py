@@ -12,20 +12,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agl.adapter import MergeReport, Sample, call_rewards, final_reward, llm_calls, to_samples
-from agl.adapter.calls import filter_calls
+from agl.adapter import final_reward
 from agl.algorithm.base import Algorithm, TrainingContext, succeeded
-from agl.algorithm.grpo.advantages import group_advantages, zero_variance_groups
+from agl.algorithm.grpo.async_loop import train_steps
+from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.loss import LossConfig
+from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.errors import ConfigError
-from agl.schemas import ModelWeights, Rollout, RolloutStatus, Span
+from agl.schemas import ModelWeights, Rollout, Span
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +45,10 @@ class GRPOConfig:
     scale_by_std: bool = True  # False: Dr. GRPO (no std division)
     level: Literal["trajectory", "transition"] = "trajectory"
     max_sample_tokens: int = 2048
-    agent: str | None = None  # train only calls tagged with this agent name
+    agent: str | None = None  # train only this agent's calls (agl.agent_scope, agent endpoint, or span name)
+    credit: Literal["final", "per_call"] = "final"  # per_call: emit_reward(response_id=...) shapes its call
+    call_reward_weight: float = 1.0  # per_call: a call's return = final reward + weight * its own reward
+    warm_start: WarmStart | None = None  # SFT on known-good conversations before the first GRPO step
     loss: LossConfig = field(default_factory=LossConfig)
     kl_coef: float = 0.0
     eval_every: int = 5
@@ -54,6 +56,12 @@ class GRPOConfig:
     checkpoint_every: int = 0
     resume: bool = False  # continue from the newest checkpoint under the output dir (full fine-tuning)
     seed: int = 0
+    # async: rollouts of the next max_staleness steps run while a step trains (off-policy by at most
+    # max_staleness weight versions; the loss's ratio is against the engine's logprobs). Sync ignores it.
+    async_rollouts: bool = False
+    max_staleness: int = 1
+    world_size: int = 1  # > 1: data-parallel policy steps over torch.distributed (grpo/distributed.py)
+    device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Trainer(engine_options)
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -62,75 +70,14 @@ class GRPOConfig:
             raise ConfigError(
                 f"steps >= 0 and tasks_per_step >= 1 needed, got {self.steps}, {self.tasks_per_step}"
             )
+        if self.max_staleness < 0 or self.world_size < 1:
+            raise ConfigError(
+                f"max_staleness >= 0 and world_size >= 1 needed, got {self.max_staleness}, {self.world_size}"
+            )
+        if self.credit not in ("final", "per_call"):
+            raise ConfigError(f"credit must be 'final' or 'per_call', got {self.credit!r}")
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
-
-
-@dataclass
-class StepBatch:
-    samples: list[Sample]
-    advantages: list[float]
-    rollout_index: list[int]
-    metrics: dict[str, float]
-
-
-def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], config: GRPOConfig) -> StepBatch:
-    """Pure: rollouts and their spans to samples with advantages, and the filter counts."""
-    ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED]
-    rewards = {r.rollout_id: final_reward(spans[r.rollout_id]) or 0.0 for r in ok}
-    groups = {r.rollout_id: r.group_id or r.rollout_id for r in ok}
-    ids = list(rewards)
-    flat = zero_variance_groups([rewards[i] for i in ids], [groups[i] for i in ids])
-    advantages = dict(
-        zip(
-            ids,
-            group_advantages(
-                [rewards[i] for i in ids], [groups[i] for i in ids], scale_by_std=config.scale_by_std
-            ),
-            strict=True,
-        )
-    )
-    report = MergeReport()
-    samples: list[Sample] = []
-    advs: list[float] = []
-    index: list[int] = []
-    too_long = 0
-    for n, rid in enumerate(ids):
-        if groups[rid] in flat:
-            continue
-        calls = filter_calls(llm_calls(spans[rid]), config.agent, spans[rid])
-        made, rep = to_samples(
-            calls,
-            rewards[rid],
-            level=config.level,
-            call_rewards=call_rewards(spans[rid]),
-            group_id=groups[rid],
-        )
-        report.add(rep)
-        for s in made:
-            if len(s.input_ids) > config.max_sample_tokens:
-                too_long += 1
-                continue
-            samples.append(s)
-            advs.append(advantages[rid])
-            index.append(n)
-    reward_values = list(rewards.values())
-    mean = sum(reward_values) / len(reward_values) if reward_values else 0.0
-    std = (sum((r - mean) ** 2 for r in reward_values) / len(reward_values)) ** 0.5 if reward_values else 0.0
-    metrics = {
-        "reward_mean": mean,
-        "reward_std": std,
-        "rollouts": float(len(rollouts)),
-        "failed_rollouts": float(len(rollouts) - len(ok)),
-        "zero_variance_groups": float(len(flat)),
-        "overlong_samples": float(too_long),
-        "samples": float(len(samples)),
-        "samples_per_rollout": report.samples_per_rollout,
-        "merged_fraction": report.merged_fraction,
-        "calls_without_token_ids": float(report.skipped_no_token_ids),
-        **{f"mismatch_{k}": float(v) for k, v in report.mismatches.items()},
-    }
-    return StepBatch(samples, advs, index, metrics)
 
 
 class GRPO(Algorithm):
@@ -142,6 +89,7 @@ class GRPO(Algorithm):
         self.policy: Any = None  # made on first run unless set (e.g. after an SFT warm start)
         self.version = "v0"  # the engine's weights version when run starts
         self.initial_val: float | None = None  # skip the first validation when already known
+        self.warm_start_history: list[dict[str, float]] = []
 
     async def _resume(self, ctx: TrainingContext, checkpoint: Path) -> int:
         """Load weights and optimizer from ``checkpoint``, push them to the engine; returns the next step."""
@@ -169,6 +117,7 @@ class GRPO(Algorithm):
                 lora_rank=cfg.lora_rank,
                 kl_coef=cfg.loss.kl_coef,
                 seed=cfg.seed,
+                device=cfg.device,
             ),
             cfg.loss,
         )
@@ -180,6 +129,25 @@ class GRPO(Algorithm):
             )
         weights = ModelWeights(uri=self.config.model_path, version=version)
         return await ctx.publish({"llm": ctx.llm, "weights": weights}, model_version=version)
+
+    async def _warm_start(
+        self, ctx: TrainingContext, val: Sequence[Any], resources_id: str, phases: dict[str, float]
+    ) -> tuple[str, str]:
+        """Held-out reward of the base model, the SFT warm start, the new weights published and measured."""
+        assert self.config.warm_start is not None and ctx.sync_weights is not None
+        phases["base"] = (
+            self.initial_val if self.initial_val is not None else await self.evaluate(ctx, val, resources_id)
+        )
+        self.warm_start_history = await asyncio.to_thread(
+            train_warm_start, self.policy, self.config.warm_start
+        )
+        version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
+        resources_id = await self._publish(ctx, version)
+        phases["after_warm_start"] = await self.evaluate(ctx, val, resources_id)
+        log.info(
+            "held-out reward: base %.3f, after warm start %.3f", phases["base"], phases["after_warm_start"]
+        )
+        return version, resources_id
 
     async def _run_group(
         self, ctx: TrainingContext, tasks: Sequence[Any], resources_id: str, mode: str, group_size: int
@@ -209,7 +177,6 @@ class GRPO(Algorithm):
         cfg = self.config
         if ctx.sync_weights is None:
             raise ConfigError("GRPO needs an engine to push weights to: run it through Trainer.fit")
-        rng = random.Random(cfg.seed)
         out = Path(ctx.output_dir)
         first_step = 1
         checkpoint = latest_checkpoint(out) if cfg.resume else None
@@ -220,47 +187,39 @@ class GRPO(Algorithm):
         metrics = MetricsLogger(out, total_steps=cfg.steps, resume=checkpoint is not None)
         version = self.version
         resources_id = await self._publish(ctx, version)
+        phases: dict[str, float] = {}
+        if cfg.warm_start is not None and checkpoint is None:
+            version, resources_id = await self._warm_start(ctx, val, resources_id, phases)
         val_before = (
-            self.initial_val if self.initial_val is not None else await self.evaluate(ctx, val, resources_id)
+            phases["after_warm_start"]
+            if "after_warm_start" in phases
+            else self.initial_val
+            if self.initial_val is not None
+            else await self.evaluate(ctx, val, resources_id)
         )
+        phases.setdefault("base", val_before)
         if checkpoint is None:
             metrics.log(0, {"val_reward": val_before})
-        val_after = val_before
-        for _ in range(1, first_step):
-            rng.sample(
-                list(train), min(cfg.tasks_per_step, len(train))
-            )  # the same task draws as the first run
-        for step in range(first_step, cfg.steps + 1):
-            started = time.perf_counter()
-            tasks = rng.sample(list(train), min(cfg.tasks_per_step, len(train)))
-            rollouts, spans = await self._run_group(ctx, tasks, resources_id, "train", cfg.group_size)
-            batch = build_batch(rollouts, spans, cfg)
-            rollout_s = time.perf_counter() - started
-            row = dict(batch.metrics)
-            if batch.samples:
-                row.update(
-                    await asyncio.to_thread(
-                        self.policy.step, batch.samples, batch.advantages, batch.rollout_index
-                    )
-                )
-                version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
-                resources_id = await self._publish(ctx, version)
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                val_after = await self.evaluate(ctx, val, resources_id)
-                row["val_reward"] = val_after
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                path = out / "checkpoints" / f"step-{step}"
-                await asyncio.to_thread(self.policy.save, path)
-                (path / "trainer_state.json").write_text(json.dumps({"step": step, "version": version}))
-            row.update(step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s)
-            metrics.log(step, row)
-            self.history.append(row)
+        val_after = await train_steps(  # the step loop, sync or async, on one rank or several
+            self,
+            ctx,
+            train,
+            val,
+            first_step=first_step,
+            version=version,
+            resources_id=resources_id,
+            val_after=val_before,
+            metrics=metrics,
+            checkpoint=None if checkpoint is None else str(checkpoint),
+        )
         metrics.close()
         return {
             "val_reward_before": val_before,
             "val_reward_after": val_after,
             "steps": cfg.steps,
             "history": self.history,
+            "phases": {**phases, "after_grpo": val_after},
+            "warm_start": self.warm_start_history,
         }
 
 
@@ -270,4 +229,4 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[1]), default=None)
 
 
-__all__ = ["GRPO", "GRPOConfig", "build_batch", "latest_checkpoint"]
+__all__ = ["GRPO", "GRPOConfig", "StepBatch", "WarmStart", "build_batch", "latest_checkpoint"]

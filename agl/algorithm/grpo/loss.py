@@ -95,14 +95,14 @@ def grpo_loss(
     Args:
         logprobs: (B, T) trainer log-probs of the taken tokens (with grad).
         old_logprobs: (B, T) the engine's log-probs of the same tokens (behaviour policy).
-        advantages: (B,) one advantage per sample.
+        advantages: (B,) one advantage per sample, or (B, T) per token (per-call credit).
         mask: (B, T) 1.0 on model tokens.
         ref_logprobs: (B, T) reference-model log-probs, for the KL penalty.
         rollout_index: (B,) rollout of each sample, for ``rollout_mean``.
         weights: (B, T) precomputed aggregation weights (for micro-batches of a larger batch).
     """
     mask = mask.to(logprobs.dtype)
-    adv = advantages.unsqueeze(-1)  # (B, 1)
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)  # (B, T) or (B, 1)
     log_ratio = (logprobs - old_logprobs) * mask  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
     clipped = torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)  # (B, T)

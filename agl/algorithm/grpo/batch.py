@@ -1,0 +1,166 @@
+"""A GRPO step's batch: rollouts and their spans to samples with group-relative advantages.
+
+Groups are (task group, agent): with several agents in one rollout, each agent's calls are compared
+with the same agent's calls in the other rollouts of the task. Credit is either the rollout's final
+reward (every token of a rollout's agent shares one advantage) or per call: each call's return is
+the final reward plus ``call_reward_weight`` times the reward emitted for that call, normalised over
+the calls of its group, and the tokens of each call's completion carry that call's advantage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agl.adapter import MergeReport, Sample, call_rewards, final_reward, llm_calls, to_samples
+from agl.adapter.calls import call_agents, filter_calls
+from agl.algorithm.grpo.advantages import group_advantages
+from agl.schemas import LLMCall, Rollout, RolloutStatus, Span
+
+if TYPE_CHECKING:
+    from agl.algorithm.grpo.algorithm import GRPOConfig
+
+
+@dataclass
+class StepBatch:
+    samples: list[Sample]
+    advantages: list[float]
+    rollout_index: list[int]
+    metrics: dict[str, float]
+
+
+@dataclass
+class _Unit:
+    """One agent's samples in one rollout; advantages are computed among units of one (group, agent)."""
+
+    rollout: int
+    key: tuple[str, str | None]
+    samples: list[Sample]
+    reward: float
+
+
+def _agent_units(
+    rid: str, n: int, group: str, reward: float, spans: list[Span], config: GRPOConfig, report: MergeReport
+) -> list[_Unit]:
+    calls = llm_calls(spans)
+    by_agent: dict[str | None, list[LLMCall]] = defaultdict(list)
+    if config.agent is not None:
+        chosen = filter_calls(calls, config.agent, spans)
+        if chosen:
+            by_agent[config.agent] = chosen
+    else:
+        for call, agent in zip(calls, call_agents(calls, spans), strict=True):
+            by_agent[agent].append(call)
+        if not by_agent:
+            by_agent[None] = []  # a rollout without calls still counts in its group's statistics
+    units = []
+    per_call = call_rewards(spans)
+    for agent, own in by_agent.items():
+        made, rep = to_samples(own, reward, level=config.level, call_rewards=per_call, group_id=group)
+        report.add(rep)
+        units.append(_Unit(n, (group, agent), made, reward))
+    return units
+
+
+def _final_credit(units: list[_Unit], config: GRPOConfig) -> tuple[list[float], set[tuple[str, str | None]]]:
+    """One advantage per unit from the final rewards; the (group, agent) keys without signal."""
+    keys = [repr(u.key) for u in units]
+    advs = group_advantages([u.reward for u in units], keys, scale_by_std=config.scale_by_std)
+    seen: dict[tuple[str, str | None], set[float]] = defaultdict(set)
+    for u in units:
+        seen[u.key].add(round(u.reward, 9))
+    return advs, {k for k, v in seen.items() if len(v) == 1}
+
+
+def _per_call_credit(
+    units: list[_Unit], rewards_by_rollout: dict[int, dict[str, float]], config: GRPOConfig
+) -> set[tuple[str, str | None]]:
+    """Per-token advantages on each sample (each call's completion span gets its call's advantage),
+    normalised over all calls of the same (group, agent); returns the keys without signal."""
+    returns: list[float] = []
+    keys: list[str] = []
+    where: list[tuple[int, int, int]] = []  # (unit, sample, call) of each return
+    seen: dict[tuple[str, str | None], set[float]] = defaultdict(set)
+    for u_i, u in enumerate(units):
+        own = rewards_by_rollout[u.rollout]
+        for s_i, sample in enumerate(u.samples):
+            for c_i, rid in enumerate(sample.call_response_ids):
+                value = u.reward + config.call_reward_weight * own.get(rid or "", 0.0)
+                returns.append(value)
+                keys.append(repr(u.key))
+                where.append((u_i, s_i, c_i))
+                seen[u.key].add(round(value, 9))
+    advs = group_advantages(returns, keys, scale_by_std=config.scale_by_std)
+    per_sample: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+    for (u_i, s_i, c_i), adv in zip(where, advs, strict=True):
+        per_sample[(u_i, s_i)][c_i] = adv
+    for (u_i, s_i), by_call in per_sample.items():
+        sample = units[u_i].samples[s_i]
+        token_adv = [0.0] * len(sample.input_ids)
+        for c_i, (start, end) in enumerate(sample.call_spans):
+            token_adv[start:end] = [by_call[c_i]] * (end - start)
+        units[u_i].samples[s_i] = dataclasses.replace(sample, token_advantages=tuple(token_adv))
+    return {k for k, v in seen.items() if len(v) == 1}
+
+
+def _sample_advantage(sample: Sample) -> float:
+    """A merged sample's advantage as one number: the mean over its model tokens (for metrics)."""
+    if sample.token_advantages is None:
+        return 0.0
+    picked = [a for a, m in zip(sample.token_advantages, sample.loss_mask, strict=True) if m]
+    return sum(picked) / len(picked) if picked else 0.0
+
+
+def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], config: GRPOConfig) -> StepBatch:
+    """Pure: rollouts and their spans to samples with advantages, and the filter counts."""
+    ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED]
+    rewards = {r.rollout_id: final_reward(spans[r.rollout_id]) or 0.0 for r in ok}
+    report = MergeReport()
+    units: list[_Unit] = []
+    per_call: dict[int, dict[str, float]] = {}
+    for n, r in enumerate(ok):
+        rid = r.rollout_id
+        per_call[n] = call_rewards(spans[rid])
+        units += _agent_units(rid, n, r.group_id or rid, rewards[rid], spans[rid], config, report)
+    if config.credit == "per_call":
+        flat = _per_call_credit(units, per_call, config)
+        unit_adv = [0.0] * len(units)
+    else:
+        unit_adv, flat = _final_credit(units, config)
+    samples: list[Sample] = []
+    advs: list[float] = []
+    index: list[int] = []
+    too_long = 0
+    for u, adv in zip(units, unit_adv, strict=True):
+        if u.key in flat:
+            continue
+        for s in u.samples:
+            if len(s.input_ids) > config.max_sample_tokens:
+                too_long += 1
+                continue
+            samples.append(s)
+            advs.append(adv if s.token_advantages is None else _sample_advantage(s))
+            index.append(u.rollout)
+    reward_values = list(rewards.values())
+    mean = sum(reward_values) / len(reward_values) if reward_values else 0.0
+    std = (sum((r - mean) ** 2 for r in reward_values) / len(reward_values)) ** 0.5 if reward_values else 0.0
+    metrics = {
+        "reward_mean": mean,
+        "reward_std": std,
+        "rollouts": float(len(rollouts)),
+        "failed_rollouts": float(len(rollouts) - len(ok)),
+        "zero_variance_groups": float(len(flat)),
+        "overlong_samples": float(too_long),
+        "samples": float(len(samples)),
+        "samples_per_rollout": report.samples_per_rollout,
+        "merged_fraction": report.merged_fraction,
+        "calls_without_token_ids": float(report.skipped_no_token_ids),
+        **{f"mismatch_{k}": float(v) for k, v in report.mismatches.items()},
+    }
+    return StepBatch(samples, advs, index, metrics)
+
+
+__all__ = ["StepBatch", "build_batch"]
