@@ -40,7 +40,7 @@ class Batch:
     attention: torch.Tensor  # (B, T)
     mask: torch.Tensor  # (B, T-1), loss mask of predicted tokens
     old_logprobs: torch.Tensor  # (B, T-1)
-    advantages: torch.Tensor  # (B,)
+    advantages: torch.Tensor  # (B,), or (B, T-1) per token
     rollout_index: torch.Tensor  # (B,)
     has_old: torch.Tensor  # (B,) whether the engine's logprobs came with the sample
 
@@ -66,12 +66,19 @@ def collate(
         mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
         if s.old_logprobs is not None:
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    adv = torch.tensor(list(advantages), dtype=torch.float32)  # (B,)
+    if any(s.token_advantages is not None for s in samples):  # per-call credit: (B, T-1)
+        per_token = adv.unsqueeze(-1).repeat(1, width)
+        for i, s in enumerate(samples):
+            if s.token_advantages is not None:
+                per_token[i, : len(s.input_ids)] = torch.tensor(s.token_advantages, dtype=torch.float32)
+        adv = per_token[:, 1:]
     return Batch(
         ids,
         attention,
         mask[:, 1:],
         old[:, 1:],
-        torch.tensor(list(advantages), dtype=torch.float32),
+        adv,
         torch.tensor(list(rollout_index), dtype=torch.long),
         torch.tensor([s.old_logprobs is not None for s in samples]),
     )
