@@ -14,6 +14,7 @@ _EXPORTS: dict[str, str] = {
     "Algorithm": "agl.algorithm",
     "GRPO": "agl.algorithm.grpo",
     "GRPOConfig": "agl.algorithm.grpo",
+    "WarmStart": "agl.algorithm.grpo",
     "SFT": "agl.algorithm.sft",
     "SFTConfig": "agl.algorithm.sft",
     "TrainingContext": "agl.algorithm",
