@@ -11,6 +11,7 @@ import contextlib
 import functools
 import inspect
 import json
+import math
 import secrets
 import time
 import traceback
@@ -97,6 +98,9 @@ def emit_reward(
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise AgentError(f"a reward must be a number or a dict of numbers, got {type(value).__name__}")
         key, primary, values = primary_key or "reward", float(value), {primary_key or "reward": float(value)}
+    not_finite = {k: v for k, v in values.items() if not math.isfinite(v)}
+    if not_finite:  # the store keeps JSON, which has no NaN/Infinity: fail here, not at the store
+        raise AgentError(f"rewards must be finite numbers, got {not_finite}; check the reward computation")
     attrs: dict[str, Any] = {sc.REWARD_VALUE: primary, sc.REWARD_VALUES: values, sc.REWARD_PRIMARY_KEY: key}
     if response_id is not None:
         attrs[sc.REWARD_RESPONSE_ID] = response_id

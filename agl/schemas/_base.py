@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,3 +24,88 @@ def new_id(prefix: str, nbytes: int = 6) -> str:
 def now_s() -> float:
     """Wall-clock seconds; the store's default clock."""
     return time.time()
+
+
+MAX_JSON_DEPTH = 64
+JsonT = TypeVar("JsonT")
+_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what every backend's JSON encoder round-trips
+
+
+def check_json(value: JsonT, field: str, max_depth: int = MAX_JSON_DEPTH) -> JsonT:
+    """``value`` unchanged when every backend can store and read it back as JSON, else ValueError.
+
+    Rejects NaN and Infinity (JSON has none; they would come back as null), nesting deeper than
+    ``max_depth`` (it would be unreadable later), integers outside 64 bits, non-string keys,
+    unpaired surrogates and non-JSON types. The message names the offending path under ``field``.
+    """
+    _walk(value, field, max_depth)
+    return value
+
+
+def _walk(value: Any, path: str, depth: int) -> None:
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:
+        if depth <= 0:
+            raise ValueError(f"{path} nests deeper than {MAX_JSON_DEPTH} levels; flatten it")
+        if kind is dict:
+            for key, item in value.items():
+                if type(key) is not str:
+                    raise ValueError(f"{path} has the non-string key {key!r}; JSON object keys are strings")
+                if not key.isascii():
+                    _check_text(key, path)
+                if not _plain(item):
+                    _walk(item, f"{path}.{key}", depth - 1)
+        elif not _plain_list(value):
+            for index, item in enumerate(value):
+                if not _plain(item):
+                    _walk(item, f"{path}[{index}]", depth - 1)
+    elif kind is str:
+        _check_text(value, path)
+    elif kind is float:
+        if not math.isfinite(value):
+            raise ValueError(
+                f"{path} is {value}; JSON has no NaN or Infinity, so send a finite number or null"
+            )
+    elif kind is int:
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise ValueError(
+                f"{path} is {value}, outside the 64-bit integers JSON stores; send it as a string"
+            )
+    elif value is not None and kind is not bool:
+        raise ValueError(
+            f"{path} is a {kind.__name__}, not a JSON value (object, array, string, number, bool, null)"
+        )
+
+
+def _plain_list(items: list[Any] | tuple[Any, ...]) -> bool:
+    """True for a list of only finite 64-bit numbers or only ASCII text, checked at C speed (token ids)."""
+    kinds = set(map(type, items))
+    if kinds <= _NUMBERS:
+        try:
+            finite = float not in kinds or all(map(math.isfinite, items))
+        except OverflowError:
+            return False
+        return finite and (not items or (min(items) >= _INT_MIN and max(items) <= _INT_MAX))
+    return kinds == _TEXT and all(map(str.isascii, items))
+
+
+_NUMBERS, _TEXT = frozenset({int, float, bool}), frozenset({str})
+
+
+def _plain(item: Any) -> bool:
+    """True for the values that need no further look: ASCII text, 64-bit ints, bools, null."""
+    kind = type(item)
+    if kind is str:
+        return item.isascii()  # type: ignore[no-any-return]
+    if kind is int:
+        return _INT_MIN <= item <= _INT_MAX  # type: ignore[no-any-return]
+    return item is None or kind is bool
+
+
+def _check_text(text: str, path: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{path} holds an unpaired surrogate; send valid Unicode text") from exc

@@ -5,9 +5,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from agl.schemas._base import WireModel
+from agl.schemas._base import WireModel, check_json
 
 
 class RolloutStatus(str, Enum):
@@ -64,6 +64,12 @@ class RolloutCreate(WireModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     rollout_id: str | None = None
+
+    @field_validator("input", "metadata")
+    @classmethod
+    def _storable(cls, v: Any, info: ValidationInfo) -> Any:
+        """Rejected here, not at read time: an unreadable rollout would block dequeue for every worker."""
+        return check_json(v, info.field_name or "value")
 
 
 class Rollout(WireModel):

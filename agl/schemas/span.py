@@ -11,11 +11,12 @@ import time
 from enum import Enum
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
-from agl.schemas._base import WireModel
+from agl.schemas._base import WireModel, check_json
 
 _HEX = frozenset("0123456789abcdef")
+MAX_SEQUENCE_ID = 2**62  # leaves 2**62 ids of headroom below the 64-bit column for the spans after it
 
 
 def _check_hex(value: str, length: int, field: str) -> str:
@@ -48,11 +49,21 @@ class SpanEvent(WireModel):
     time_ns: int
     attributes: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("attributes")
+    @classmethod
+    def _json_attributes(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_json(v, "attributes")
+
 
 class SpanLink(WireModel):
     trace_id: str
     span_id: str
     attributes: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("attributes")
+    @classmethod
+    def _json_attributes(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_json(v, "attributes")
 
 
 class Span(WireModel):
@@ -72,7 +83,14 @@ class Span(WireModel):
     links: list[SpanLink] = Field(default_factory=list)
     status: SpanStatus = Field(default_factory=SpanStatus)
     resource: dict[str, Any] = Field(default_factory=dict)
-    sequence_id: int | None = Field(None, ge=0, description="Assigned by the store when absent.")
+    sequence_id: int | None = Field(
+        None, ge=0, le=MAX_SEQUENCE_ID, description="Assigned by the store when absent."
+    )
+
+    @field_validator("attributes", "resource")
+    @classmethod
+    def _json_values(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        return check_json(v, info.field_name or "value")
 
     @field_validator("trace_id")
     @classmethod
@@ -91,7 +109,7 @@ class Span(WireModel):
 
     @field_validator("end_time_ns")
     @classmethod
-    def _not_before_start(cls, v: int, info: Any) -> int:
+    def _not_before_start(cls, v: int, info: ValidationInfo) -> int:
         start = info.data.get("start_time_ns")
         if start is not None and v < start:
             raise ValueError(f"end_time_ns {v} is before start_time_ns {start}")

@@ -56,8 +56,12 @@ def validation_error(problems: Sequence[Any]) -> tuple[int, dict[str, Any]]:
     """Status and body for pydantic's errors about a request body: 400 for bad JSON, else 422.
 
     Each problem's ``loc`` may start with ``"body"`` (FastAPI's form); the field named is the rest.
+    Bad JSON names no field (FastAPI's ``loc`` holds a byte offset there, not a field).
     """
+    if any(e.get("type") == "json_invalid" for e in problems):
+        detail = next(e for e in problems if e.get("type") == "json_invalid")
+        reason = (detail.get("ctx") or {}).get("error") or detail.get("msg")
+        return 400, error_body("ValidationError", f"request body is not valid JSON: {reason}")
     fields = [".".join(str(part) for part in e.get("loc", ()) if part != "body") for e in problems]
     message = "; ".join(f"{f or '<body>'}: {e.get('msg')}" for f, e in zip(fields, problems, strict=True))
-    status = 400 if any(e.get("type") == "json_invalid" for e in problems) else 422
-    return status, error_body("ValidationError", message, field=fields[0] if fields else None)
+    return 422, error_body("ValidationError", message, field=(fields[0] or None) if fields else None)

@@ -19,6 +19,7 @@ from agl.schemas import (
     Span,
     new_id,
 )
+from agl.schemas._base import check_json
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -59,6 +60,16 @@ def coerce_rollout_creates(requests: Sequence[RolloutCreate | dict[str, Any]]) -
                 f"rollout {index} of the batch is malformed: {describe_validation_error(exc)}"
             ) from exc
     return out
+
+
+def checked_json(value: Any, field: str) -> Any:
+    """``value`` when every backend can store it as JSON; else StoreError naming the field and problem."""
+    if value is None:
+        return value
+    try:
+        return check_json(value, field)
+    except ValueError as exc:
+        raise StoreError(str(exc)) from exc
 
 
 _RESOURCES: TypeAdapter[dict[str, Resource]] = TypeAdapter(dict[str, Resource])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from agl.schemas import AttemptStatus, Resource, RolloutCreate, RolloutStatus, Span, WireModel, WorkerStatus
+from agl.schemas._base import check_json
 
 API_PREFIX = "/v1/agl"
 MAX_WAIT_S = 30.0
@@ -25,7 +26,16 @@ class StartRequest(WireModel):
     worker_id: str | None = None
 
 
-class RolloutPatch(WireModel):
+class _JsonChecked(WireModel):
+    """A body whose free-form ``metadata`` / ``host`` must be JSON every backend stores and reads back."""
+
+    @field_validator("metadata", "host", check_fields=False)
+    @classmethod
+    def _storable(cls, v: Any, info: ValidationInfo) -> Any:
+        return check_json(v, info.field_name or "metadata")
+
+
+class RolloutPatch(_JsonChecked):
     status: RolloutStatus | None = None
     metadata: dict[str, Any] | None = None
 
@@ -46,7 +56,7 @@ class WaitRequest(WireModel):
     timeout_s: float | None = Field(None, ge=0)
 
 
-class AttemptPatch(WireModel):
+class AttemptPatch(_JsonChecked):
     status: AttemptStatus | None = None
     error: str | None = None
     metadata: dict[str, Any] | None = None
@@ -84,7 +94,7 @@ class SpanQuery(WireModel):
     cursor: str | None = None
 
 
-class ResourcesRequest(WireModel):
+class ResourcesRequest(_JsonChecked):
     resources: dict[str, Resource]
     resources_id: str | None = None
     parent_id: str | None = None
@@ -96,7 +106,7 @@ class PageQuery(WireModel):
     cursor: str | None = None
 
 
-class WorkerPatch(WireModel):
+class WorkerPatch(_JsonChecked):
     status: WorkerStatus | None = None
     host: dict[str, Any] | None = None
 

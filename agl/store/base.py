@@ -65,14 +65,48 @@ def encode_cursor(sort_value: Any, tiebreak: Any) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([sort_value, tiebreak])).decode()
 
 
-def decode_cursor(cursor: str) -> tuple[Any, Any]:
+class InvalidCursorError(StoreError):
+    """A page cursor the store did not hand out (forged, garbled or from another query)."""
+
+    param = "cursor"  # the HTTP error body names it as the field
+
+    def __init__(self, cursor: object) -> None:
+        text = repr(cursor) if len(repr(cursor)) <= 80 else repr(cursor)[:77] + "..."
+        super().__init__(f"cursor {text} is not one this store handed out; pass next_cursor unchanged")
+
+
+Kind = type | tuple[type, ...]
+SCALAR_KIND: tuple[type, ...] = (str, int, float)
+
+
+def decode_cursor(
+    cursor: str, sort: Kind | list[Kind] = SCALAR_KIND, tie: Kind = (str, int)
+) -> tuple[Any, Any]:
+    """The (sort key, tiebreak) of ``encode_cursor``, checked against the kinds the query expects.
+
+    ``sort`` as a list means a JSON array with one kind per position (a composite sort key).
+
+    Raises:
+        InvalidCursorError: the cursor does not decode to that shape.
+    """
     try:
         sort_value, tiebreak = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
     except Exception as exc:
-        raise StoreError(
-            f"cursor {cursor!r} is not one this store handed out; pass next_cursor unchanged"
-        ) from exc
+        raise InvalidCursorError(cursor) from exc
+    kinds = sort if isinstance(sort, list) else [sort]
+    values = sort_value if isinstance(sort, list) else [sort_value]
+    if not (
+        isinstance(values, list)
+        and len(values) == len(kinds)
+        and all(_is(v, k) for v, k in zip(values, kinds, strict=True))
+        and _is(tiebreak, tie)
+    ):
+        raise InvalidCursorError(cursor)
     return sort_value, tiebreak
+
+
+def _is(value: Any, kind: Kind) -> bool:
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def check_limit(limit: int) -> int:

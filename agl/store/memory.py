@@ -31,7 +31,10 @@ from agl.schemas import (
 )
 from agl.store import _logic
 from agl.store.base import (
+    SCALAR_KIND,
     Clock,
+    InvalidCursorError,
+    Kind,
     LightningStore,
     Page,
     RolloutOrder,
@@ -50,17 +53,21 @@ def _paginate(
     limit: int,
     cursor: str | None,
     descending: bool = False,
+    sort: Kind | list[Kind] = SCALAR_KIND,
 ) -> Page[T]:
     """Keyset pagination over an in-memory list: sort, skip past the cursor, cut a page."""
     check_limit(limit)
     items = sorted(items, key=key, reverse=descending)
     if cursor is not None:
-        after = _freeze(decode_cursor(cursor))
+        after = _freeze(decode_cursor(cursor, sort=sort))
         keys = [key(i) for i in items]
-        if descending:
-            start = next((n for n, k in enumerate(keys) if k < after), len(items))
-        else:
-            start = bisect.bisect_right(keys, after)
+        try:
+            if descending:
+                start = next((n for n, k in enumerate(keys) if k < after), len(items))
+            else:
+                start = bisect.bisect_right(keys, after)
+        except TypeError as exc:  # a cursor of another query: its key does not compare with these
+            raise InvalidCursorError(cursor) from exc
         items = items[start:]
     page = items[:limit]
     next_cursor = encode_cursor(*key(page[-1])) if len(items) > limit else None
@@ -229,6 +236,7 @@ class InMemoryLightningStore(LightningStore):
     async def update_rollout(
         self, rollout_id: str, *, status: RolloutStatus | None = None, metadata: dict[str, Any] | None = None
     ) -> Rollout:
+        _logic.checked_json(metadata, "metadata")
         with self._lock:
             rollout = self._rollout(rollout_id)
             now = self.clock()
@@ -288,6 +296,7 @@ class InMemoryLightningStore(LightningStore):
         error: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> Attempt:
+        _logic.checked_json(metadata, "metadata")
         finished: list[str] = []
         with self._lock:
             attempt = self._attempt(rollout_id, attempt_id)
@@ -412,7 +421,9 @@ class InMemoryLightningStore(LightningStore):
                     for s in pool
                     if (wanted is None or s.attempt_id == wanted) and (name is None or s.name == name)
                 )
-        return _paginate(items, lambda s: ((s.rollout_id, s.sequence_id), s.span_id), limit, cursor)
+        return _paginate(
+            items, lambda s: ((s.rollout_id, s.sequence_id), s.span_id), limit, cursor, sort=[str, int]
+        )
 
     # ----- resources ------------------------------------------------------------------------
     async def add_resources(
@@ -424,6 +435,7 @@ class InMemoryLightningStore(LightningStore):
         metadata: dict[str, Any] | None = None,
     ) -> ResourcesVersion:
         named = _logic.coerce_resources(resources)
+        _logic.checked_json(metadata, "metadata")
         with self._lock:
             if resources_id is not None and resources_id in self._resources:
                 existing = self._resources[resources_id]
@@ -469,6 +481,7 @@ class InMemoryLightningStore(LightningStore):
     async def update_worker(
         self, worker_id: str, *, status: WorkerStatus | None = None, host: dict[str, Any] | None = None
     ) -> Worker:
+        _logic.checked_json(host, "host")
         with self._lock:
             worker = self._workers.setdefault(worker_id, Worker(worker_id=worker_id))
             worker.last_heartbeat_at = self.clock()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import time
 from collections import OrderedDict
@@ -26,12 +27,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agl import errors
 from agl.schemas import Attempt, AttemptedRollout, ResourcesVersion, Rollout, Span, Worker
 from agl.store import _wire as w
 from agl.store._hot_routes import HotRoute, HotRoutes
 from agl.store._http_errors import agl_error, error_body, validation_error
+from agl.store._metrics import CONTENT_TYPE, UNMATCHED, StoreMetrics
 from agl.store.base import LightningStore, Page, StoreStatistics
 
 _STORED_SPANS = TypeAdapter(list[w.StoredSpan])
@@ -46,16 +49,36 @@ class _GuardMiddleware:
     Behind the checks, the hot routes are answered here and everything else goes to FastAPI.
     """
 
-    def __init__(self, app: Any, token: str | None, max_body_bytes: int, hot: HotRoutes) -> None:
+    def __init__(
+        self, app: Any, token: str | None, max_body_bytes: int, hot: HotRoutes, metrics: StoreMetrics
+    ) -> None:
         self.app = app
         self.hot = hot
         self.expected = f"Bearer {token}".encode() if token else None
         self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        start, status = time.perf_counter(), 500
+
+        async def send_and_note(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, send_and_note)
+        finally:
+            # route templates only (FastAPI leaves its matched route in the scope), never raw paths
+            route = scope.get("agl.route") or getattr(scope.get("route"), "path", None) or UNMATCHED
+            method = scope["method"] if scope["method"] in _METHODS else "OTHER"
+            self.metrics.observe(route, method, status, time.perf_counter() - start)
+
+    async def _guarded(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = dict(scope.get("headers") or [])
         if self.expected is not None and scope["path"] != "/health":
             given = headers.get(b"authorization", b"")
@@ -64,8 +87,8 @@ class _GuardMiddleware:
                     "UnauthorizedError", "missing or wrong bearer token; send Authorization: Bearer <token>"
                 )
                 return await JSONResponse(body, status_code=401)(scope, receive, send)
-        declared = int(headers.get(b"content-length", b"0") or 0)
-        if declared > self.max_body_bytes:
+        declared = headers.get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_body_bytes:
             return await self._too_large(scope, receive, send)
         seen = 0
 
@@ -80,6 +103,7 @@ class _GuardMiddleware:
         try:
             hot = self.hot.match(scope)
             if hot is not None:
+                scope["agl.route"] = hot[0].path
                 await self.hot.serve(*hot, scope, limited_receive, send)
             else:
                 await self.app(scope, limited_receive, send)
@@ -91,6 +115,15 @@ class _GuardMiddleware:
             "PayloadTooLarge", f"request body exceeds {self.max_body_bytes} bytes; send smaller batches"
         )
         await JSONResponse(body, status_code=413)(scope, receive, send)
+
+
+class IdempotencyKeyReusedError(errors.ConflictError):
+    """An Idempotency-Key sent again with a different route or body."""
+
+    param = "Idempotency-Key"
+
+
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 
 
 class _BodyTooLarge(BaseException):  # not Exception: FastAPI would turn it into a 400
@@ -106,7 +139,7 @@ class _IdempotencyCache:
 
     def __init__(self, ttl_s: float = 600.0, max_entries: int = 20_000) -> None:
         self.ttl_s, self.max_entries = ttl_s, max_entries
-        self._entries: OrderedDict[str, tuple[float, asyncio.Future[Any]]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[float, bytes, asyncio.Future[Any]]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,17 +150,31 @@ class _IdempotencyCache:
         call: Callable[[], Awaitable[Any]],
         keep: Callable[[Any], Any] = lambda answer: answer,
         replay: Callable[[Any], Awaitable[Any]] | None = None,
+        request: str = "",
     ) -> Any:
+        """``call``'s answer, or the first answer to ``key`` when it was seen with the same ``request``.
+
+        ``request`` names the route and body; a key reused for another request is refused (409),
+        since replaying the other request's answer would be wrong and running it would break the
+        key's promise.
+        """
         if key is None:
             return await call()
         now = time.monotonic()
         while self._entries and next(iter(self._entries.values()))[0] < now - self.ttl_s:
             self._entries.popitem(last=False)
+        fingerprint = hashlib.blake2b(request.encode(), digest_size=16).digest()
         if key in self._entries:
-            kept = await asyncio.shield(self._entries[key][1])
+            _, first, pending = self._entries[key]
+            if first != fingerprint:
+                raise IdempotencyKeyReusedError(
+                    f"Idempotency-Key {key[:80]!r} was first sent with another request (route or body); "
+                    f"this one is {request.split(' ', 1)[0]}. Send a fresh key for each distinct request"
+                )
+            kept = await asyncio.shield(pending)
             return kept if replay is None else await replay(kept)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._entries[key] = (now, future)
+        self._entries[key] = (now, fingerprint, future)
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
         try:
@@ -175,6 +222,7 @@ def create_app(
     app = FastAPI(title="agl LightningStore", version="1", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.store = store
     cache = _IdempotencyCache()
+    metrics = StoreMetrics()
     p = w.API_PREFIX
 
     async def replay_claim(ids: tuple[str, str] | None) -> AttemptedRollout | None:
@@ -190,15 +238,26 @@ def create_app(
         status, body = validation_error(exc.errors())
         return JSONResponse(body, status_code=status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown paths (404) and methods (405) answer in the same error shape as everything else."""
+        names = {404: "NotFoundError", 405: "MethodNotAllowed"}
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        body = error_body(names.get(exc.status_code, "HTTPError"), message)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
     # ----- the calls behind the hot routes, shared with their FastAPI declarations ------------
     async def dequeue_call(
         _: dict[str, str], body: w.DequeueRequest, key: str | None
     ) -> AttemptedRollout | None:
         call = lambda: store.dequeue(body.worker_id)  # noqa: E731
-        return await cache.run(key, call, _claim_ids, replay_claim)  # type: ignore[no-any-return]
+        request = f"dequeue {body.worker_id}"
+        return await cache.run(key, call, _claim_ids, replay_claim, request)  # type: ignore[no-any-return]
 
     async def add_spans_call(_: dict[str, str], body: w.SpansRequest, __: str | None) -> list[w.StoredSpan]:
-        return [w.StoredSpan.of(s) for s in await store.add_spans(body.spans)]
+        stored = await store.add_spans(body.spans)
+        metrics.spans.inc(len(stored))
+        return [w.StoredSpan.of(s) for s in stored]
 
     async def update_attempt_call(ids: dict[str, str], body: w.AttemptPatch, _: str | None) -> Attempt:
         return await store.update_attempt(
@@ -225,6 +284,11 @@ def create_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        """Prometheus text exposition; see ``_metrics`` for what it holds and why it needs the token."""
+        return Response(metrics.scrape(await store.statistics(), len(cache)), media_type=CONTENT_TYPE)
+
     # ----- rollouts -------------------------------------------------------------------------
     @app.post(f"{p}/rollouts")
     async def enqueue(body: w.EnqueueRequest) -> list[Rollout]:
@@ -237,7 +301,8 @@ def create_app(
     @app.post(f"{p}/rollouts/start")
     async def start(body: w.StartRequest, request: Request) -> AttemptedRollout:
         call = lambda: store.start_rollout(body.rollout, body.worker_id)  # noqa: E731
-        return await cache.run(key(request), call, _claim_ids, replay_claim)  # type: ignore[no-any-return]
+        seen = f"start {body.model_dump_json()}"
+        return await cache.run(key(request), call, _claim_ids, replay_claim, seen)  # type: ignore[no-any-return]
 
     @app.post(f"{p}/rollouts/query")
     async def query_rollouts(body: w.RolloutQuery) -> Page[Rollout]:
@@ -258,7 +323,8 @@ def create_app(
 
     @app.post(f"{p}/rollouts/{{rollout_id}}/sequence_id")
     async def next_sequence_id(rollout_id: str, request: Request) -> int:
-        return await cache.run(key(request), lambda: store.next_sequence_id(rollout_id))  # type: ignore[no-any-return]
+        call = lambda: store.next_sequence_id(rollout_id)  # noqa: E731
+        return await cache.run(key(request), call, request=f"sequence_id {rollout_id}")  # type: ignore[no-any-return]
 
     # ----- attempts -------------------------------------------------------------------------
     @app.patch(attempt_path)
@@ -290,7 +356,8 @@ def create_app(
             body.resources, resources_id=body.resources_id, parent_id=body.parent_id, metadata=body.metadata
         )
         keep = lambda version: version.resources_id  # noqa: E731
-        return await cache.run(key(request), call, keep, store.get_resources)  # type: ignore[no-any-return]
+        seen = f"resources {body.model_dump_json()}"
+        return await cache.run(key(request), call, keep, store.get_resources, seen)  # type: ignore[no-any-return]
 
     @app.get(f"{p}/resources/latest")
     async def latest_resources() -> ResourcesVersion | None:
@@ -326,15 +393,21 @@ def create_app(
 
     @app.post("/v1/traces")
     async def otlp_traces(request: Request) -> Response:
-        from agl.store.otlp import parse_otlp
+        from agl.store.otlp import BodyTooLargeError, decode_content, parse_otlp
 
         try:
-            spans = parse_otlp(await request.body(), request.headers.get("content-type", ""))
+            body = decode_content(
+                await request.body(), request.headers.get("content-encoding", ""), max_body_bytes
+            )
+            spans = parse_otlp(body, request.headers.get("content-type", ""))
+        except BodyTooLargeError as exc:
+            return JSONResponse(error_body("PayloadTooLarge", exc.message), status_code=413)
         except errors.StoreError as exc:  # OTLP/HTTP clients expect 400 for requests they must not retry
-            return JSONResponse(error_body(type(exc).__name__, exc.message), status_code=400)
+            return JSONResponse(agl_error(exc)[1], status_code=400)
         stored = await store.add_spans(spans)
+        metrics.otlp_spans.inc(len(stored))
         return Response(
             orjson.dumps({"partialSuccess": {}, "accepted": len(stored)}), media_type="application/json"
         )
 
-    return _GuardMiddleware(app, token, max_body_bytes, hot)
+    return _GuardMiddleware(app, token, max_body_bytes, hot, metrics)

@@ -312,6 +312,8 @@ class SqliteLightningStore(LightningStore):
     async def update_rollout(
         self, rollout_id: str, *, status: RolloutStatus | None = None, metadata: dict[str, Any] | None = None
     ) -> Rollout:
+        _logic.checked_json(metadata, "metadata")
+
         def op(conn: Conn, finished: list[str]) -> Rollout:
             rollout = self._load_rollout(conn, rollout_id)
             if status is not None:
@@ -415,6 +417,8 @@ class SqliteLightningStore(LightningStore):
         error: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> Attempt:
+        _logic.checked_json(metadata, "metadata")
+
         def op(conn: Conn, finished: list[str]) -> Attempt:
             attempt = self._load_attempt(conn, rollout_id, attempt_id)
             if status is not None:
@@ -571,7 +575,7 @@ class SqliteLightningStore(LightningStore):
             where.append("s.name=?")
             args.append(name)
         if cursor is not None:
-            (after_rollout, after_seq), after_span = decode_cursor(cursor)
+            (after_rollout, after_seq), after_span = decode_cursor(cursor, sort=[str, int], tie=str)
             where.append("(s.rollout_id, s.sequence_id, s.span_id) > (?, ?, ?)")
             args += [after_rollout, after_seq, after_span]
         sql = "SELECT s.data FROM spans s"
@@ -596,6 +600,7 @@ class SqliteLightningStore(LightningStore):
         metadata: dict[str, Any] | None = None,
     ) -> ResourcesVersion:
         named = _logic.coerce_resources(resources)
+        _logic.checked_json(metadata, "metadata")
 
         def op(conn: Conn, _: list[str]) -> ResourcesVersion:
             if resources_id is not None:
@@ -679,6 +684,8 @@ class SqliteLightningStore(LightningStore):
     async def update_worker(
         self, worker_id: str, *, status: WorkerStatus | None = None, host: dict[str, Any] | None = None
     ) -> Worker:
+        _logic.checked_json(host, "host")
+
         def op(conn: Conn, _: list[str]) -> Worker:
             self._touch_worker(conn, worker_id, self.clock())
             if status is not None:
@@ -714,7 +721,7 @@ class SqliteLightningStore(LightningStore):
         if status is not None:
             _where_in(where, args, "status", [WorkerStatus(s).value for s in status])
         if cursor is not None:
-            after, _ = decode_cursor(cursor)
+            after, _ = decode_cursor(cursor, sort=str, tie=str)
             where.append("worker_id > ?")
             args.append(after)
         sql = f"SELECT {self._WORKER_COLUMNS} FROM workers"
