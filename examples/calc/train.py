@@ -11,17 +11,14 @@ engine; measure again. Writes ``results/calc/curve.png`` and ``results/calc/summ
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import random
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import agl
-from agl.algorithm.base import Algorithm, TrainingContext
-from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig
-from agl.algorithm.sft import samples_from_messages
+from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig, WarmStart
 from agl.models import smollm2, tiny_model
 from examples.calc.agent import CALCULATOR, SYSTEM, calc_agent, calculate
 from examples.calc.tasks import make_tasks
@@ -42,43 +39,6 @@ def tool_use_trace(task: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-class WarmStartThenGRPO(Algorithm):
-    """A custom algorithm: SFT warm start on generated traces, then GRPO; accuracy measured after each phase."""
-
-    def __init__(self, grpo: GRPO, warm_tasks: list[dict[str, Any]], sft_steps: int, sft_batch: int) -> None:
-        self.grpo, self.warm_tasks, self.sft_steps, self.sft_batch = grpo, warm_tasks, sft_steps, sft_batch
-        self.phases: dict[str, float] = {}
-
-    @property
-    def model_path(self) -> str | None:
-        return self.grpo.model_path
-
-    async def run(self, ctx: TrainingContext, train: Any, val: Any) -> dict[str, Any]:
-        grpo = self.grpo
-        grpo.policy = await asyncio.to_thread(grpo._make_policy)
-        resources_id = await grpo._publish(ctx, "v0")
-        self.phases["base"] = await grpo.evaluate(ctx, val, resources_id)
-        print(f"held-out accuracy, base model: {self.phases['base']:.3f}", flush=True)
-        if self.sft_steps:
-            traces = [tool_use_trace(t) for t in self.warm_tasks]
-            samples = samples_from_messages(grpo.policy.tokenizer, traces, [CALCULATOR])
-            rng = random.Random(0)
-            for step in range(self.sft_steps):
-                batch = rng.sample(samples, min(self.sft_batch, len(samples)))
-                stats = await asyncio.to_thread(grpo.policy.sft_step, batch)
-                print(f"sft step {step + 1}/{self.sft_steps}: loss {stats['sft_loss']:.3f}", flush=True)
-            assert ctx.sync_weights is not None
-            grpo.version = await ctx.sync_weights(await asyncio.to_thread(grpo.policy.engine_weights))
-            resources_id = await grpo._publish(ctx, grpo.version)
-            self.phases["after_sft"] = await grpo.evaluate(ctx, val, resources_id)
-            print(f"held-out accuracy after SFT warm start: {self.phases['after_sft']:.3f}", flush=True)
-        grpo.initial_val = self.phases.get("after_sft", self.phases["base"])
-        result: dict[str, Any] = await grpo.run(ctx, train, val)
-        self.phases["after_grpo"] = result["val_reward_after"]
-        print(f"held-out accuracy after GRPO: {self.phases['after_grpo']:.3f}", flush=True)
-        return result
-
-
 def plot(history: list[dict[str, float]], phases: dict[str, float], path: Path) -> None:
     import matplotlib
 
@@ -88,7 +48,7 @@ def plot(history: list[dict[str, float]], phases: dict[str, float], path: Path) 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     steps = list(range(1, len(history) + 1))
     ax.plot(steps, [h.get("reward_mean", float("nan")) for h in history], label="train reward (mean)")
-    start = phases.get("after_sft", phases["base"])
+    start = phases.get("after_warm_start", phases["base"])
     val = [(0, start)] + [(i + 1, h["val_reward"]) for i, h in enumerate(history) if "val_reward" in h]
     ax.plot([v[0] for v in val], [v[1] for v in val], marker="o", label="held-out accuracy")
     ax.axhline(phases["base"], ls="--", color="gray", label="base model")
@@ -108,54 +68,79 @@ def main() -> None:
     )
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 8, tiny: 2)")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 10, tiny: 2)")
     parser.add_argument(
         "--sft-steps", type=int, default=None, help="SFT warm-start steps (default: 8, tiny: 2)"
     )
-    parser.add_argument("--val", type=int, default=None, help="held-out tasks (default: 24, tiny: 8)")
+    parser.add_argument("--val", type=int, default=None, help="held-out tasks (default: 64, tiny: 8)")
+    parser.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: 6)")
+    parser.add_argument("--group-size", type=int, default=4, help="rollouts per task in a GRPO group")
     parser.add_argument(
-        "--temperature", type=float, default=0.7, help="sampling temperature of training rollouts"
+        "--lr", type=float, default=None, help="GRPO learning rate (default: 2e-5, tiny: 1e-4)"
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of training rollouts (1.0: the engine's logprobs are the sampling policy's)",
     )
     parser.add_argument("--out", type=Path, default=Path("results/calc"))
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("agl.algorithm.grpo").setLevel(logging.INFO)  # phase results and warm-start losses
     tiny = args.model == "tiny"
-    steps = args.steps if args.steps is not None else (2 if tiny else 8)
+    steps = args.steps if args.steps is not None else (2 if tiny else 10)
     sft_steps = args.sft_steps if args.sft_steps is not None else (2 if tiny else 8)
-    n_val = args.val if args.val is not None else (8 if tiny else 24)
+    n_val = args.val if args.val is not None else (8 if tiny else 64)
     model_path = tiny_model(seed=args.seed) if tiny else smollm2()
     train, val = make_tasks(200, seed=args.seed), make_tasks(n_val, seed=10_000 + args.seed)
-    warm = make_tasks(64, seed=20_000 + args.seed)
+    warm_tasks = make_tasks(64, seed=20_000 + args.seed)
+    sft_lr = 1e-4 if tiny else 1e-5
     config = GRPOConfig(
         model_path=str(model_path),
         steps=steps,
-        tasks_per_step=2 if tiny else 4,
-        group_size=4,
-        lr=1e-4 if tiny else 1e-5,
-        eval_every=max(steps // 2, 1),
+        tasks_per_step=args.tasks_per_step or (2 if tiny else 6),
+        group_size=args.group_size,
+        lr=args.lr or (1e-4 if tiny else 2e-5),
+        eval_every=steps,  # held-out accuracy after the warm start and at the end
         loss=LossConfig(aggregation="token_mean"),
         micro_batch_tokens=4096,
         seed=args.seed,
+        warm_start=WarmStart(
+            conversations=[tool_use_trace(t) for t in warm_tasks],
+            tools=[CALCULATOR],
+            steps=sft_steps,
+            batch_size=8,
+            lr=sft_lr,
+            seed=args.seed,
+        )
+        if sft_steps
+        else None,
     )
-    algorithm = WarmStartThenGRPO(GRPO(config), warm, sft_steps, sft_batch=8)
     started = time.perf_counter()
     trainer = agl.Trainer(
-        algorithm=algorithm,
-        n_runners=16,
+        algorithm=GRPO(config),
+        n_runners=32,
         output_dir=str(args.out),
         sampling={"temperature": args.temperature},
     )
     result = trainer.fit(calc_agent, train, val)
     wall = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
-    phases = algorithm.phases
+    phases = result["phases"]
     plot(result["history"], phases, args.out / "curve.png")
     summary = {
         "model": "tiny" if tiny else "SmolLM2-135M-Instruct",
         "val_accuracy_before": phases["base"],
-        "val_accuracy_after_sft": phases.get("after_sft"),
+        "val_accuracy_after_sft": phases.get("after_warm_start"),
         "val_accuracy_after": phases["after_grpo"],
+        "grpo_gain": phases["after_grpo"] - phases.get("after_warm_start", phases["base"]),
         "grpo_steps": steps,
+        "tasks_per_step": config.tasks_per_step,
+        "group_size": config.group_size,
+        "grpo_lr": config.lr,
         "sft_steps": sft_steps,
+        "sft_lr": sft_lr,
         "val_tasks": n_val,
         "wall_time_s": round(wall, 1),
         "seed": args.seed,

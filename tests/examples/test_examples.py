@@ -61,3 +61,31 @@ def test_iterated_sft_example_smoke_run(tmp_path: Path) -> None:
     assert {"val_accuracy_before", "val_accuracy_after", "iterations"} <= set(summary)
     assert summary["warm_start_samples"] == 16  # 8 traces x 2 assistant turns, trained before iterating
     assert (tmp_path / "sft-iteration-1.jsonl").exists()
+
+
+#: private calls still in examples, each waiting for a public API (the test fails once one is gone, too)
+_KNOWN_PRIVATE = {("examples/sft/run.py", "_evaluate")}
+
+
+def _private_uses(path: Path) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        own = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not own:  # an example's own helpers may be private; agl's may not
+                found.add(node.attr)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("agl"):
+            parts = node.module.split(".") + [a.name for a in node.names]
+            found |= {p for p in parts if p.startswith("_") and not p.startswith("__")}
+    return found
+
+
+def test_examples_use_only_public_agl_names() -> None:
+    used = {
+        (str(path.relative_to(ROOT)), name)
+        for path in sorted((ROOT / "examples").rglob("*.py"))
+        for name in _private_uses(path)
+    }
+    assert used == _KNOWN_PRIVATE, f"examples reach into private names: {sorted(used - _KNOWN_PRIVATE)}"
