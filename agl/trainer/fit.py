@@ -4,42 +4,89 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
-from collections.abc import Sequence
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 from agl.agent.base import LitAgent
-from agl.algorithm.base import TrainingContext
+from agl.algorithm.base import Algorithm, TrainingContext
+from agl.errors import ConfigError
 from agl.runner.runner import Runner
 from agl.schemas import LLM
 from agl.store.base import LightningStore
 
 if TYPE_CHECKING:
+    from agl.engines.launch import Placer
     from agl.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
+AlgorithmEntry = Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]
+
+
+def algorithm_entry(algorithm: Any) -> AlgorithmEntry:
+    """How ``fit`` calls ``algorithm``: ``run(ctx, train, val)`` for an ``agl.Algorithm`` (GRPO, SFT, yours),
+    ``run(store, train, val)`` for store-level searches (APO), or the ``async def fn(ctx, train, val)`` form.
+
+    Raises:
+        ConfigError: ``algorithm`` has no async ``run`` and is no async function.
+    """
+    if isinstance(algorithm, Algorithm):
+        return algorithm.run
+    run = getattr(algorithm, "run", None)
+    if run is not None and inspect.iscoroutinefunction(run):
+        params = list(inspect.signature(run).parameters)
+        if params and params[0] == "store":
+            return lambda ctx, train, val: run(ctx.store, train, val)
+        return cast(AlgorithmEntry, run)
+    if run is None and inspect.iscoroutinefunction(algorithm):
+        return cast(AlgorithmEntry, algorithm)
+    raise ConfigError(
+        f"Trainer(algorithm=...) got a {type(algorithm).__name__}, which has no async run(ctx, train, val): "
+        "pass agl.GRPO/SFT/APO, an agl.Algorithm subclass or an async def fn(ctx, train, val)"
+    )
+
+
+def _open_store(trainer: Trainer, out: Path) -> tuple[LightningStore, bool]:
+    """The trainer's store and whether ``fit`` owns it (opened it, so closes it)."""
+    if isinstance(trainer.store, LightningStore):
+        return trainer.store, False
+    if isinstance(trainer.store, str):
+        from agl.store import open_store
+
+        return open_store(trainer.store), True
+    from agl.store.sqlite import SqliteLightningStore
+
+    return SqliteLightningStore(out / "store.db"), True
+
+
 async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: Sequence[Any]) -> Any:
-    """Serve the algorithm's model (if it has one) behind a gateway, run runners, run the algorithm."""
+    """Serve the algorithm's model (if it has one) behind a gateway, run runners, run the algorithm.
+
+    An exception of the algorithm, or of the runners, ends ``fit`` at once: the exit stack stops the
+    runners, the gateway and the engine, and the exception propagates.
+    """
+    entry = algorithm_entry(trainer.algorithm)
     out = Path(trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    owns_store = trainer.store is None
-    store: LightningStore
-    if trainer.store is None:
-        from agl.store.sqlite import SqliteLightningStore
-
-        store = SqliteLightningStore(out / "store.db")
-    else:
-        store = trainer.store
     async with contextlib.AsyncExitStack() as stack:
+        store, owns_store = _open_store(trainer, out)
         if owns_store:
             stack.push_async_callback(store.aclose)
         ctx = TrainingContext(store=store, output_dir=str(out))
         model_path = getattr(trainer.algorithm, "model_path", None)
         if model_path is not None:
             ctx = await _serve_model(stack, store, str(model_path), trainer, ctx)
+        if trainer.initial_resources:
+            await ctx.publish(trainer.initial_resources)
+        if trainer.n_runners == 0:
+            log.info("Trainer.fit starts no runner: external runners (agl runner) must serve the store")
+            return await entry(ctx, train, val)
         # Ctrl-C interrupts the whole fit (asyncio cancels it); the exit stack then stops everything
         runner = Runner(
             agent, store, max_concurrency=trainer.n_runners, poll_interval_s=0.02, handle_signals=False
@@ -53,7 +100,30 @@ async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: 
             runner.close()
 
         stack.push_async_callback(stop_runner)
-        return await trainer.algorithm.run(ctx, train, val)
+        algorithm_task: asyncio.Future[Any] = asyncio.ensure_future(entry(ctx, train, val))
+        stack.push_async_callback(_cancel, algorithm_task)
+        await asyncio.wait({algorithm_task, runner_task}, return_when=asyncio.FIRST_COMPLETED)
+        if not algorithm_task.done():  # the runner ended on its own: nothing would run the rollouts
+            runner_task.result()  # its exception, if it raised one
+            raise RuntimeError("the in-process runner stopped while the algorithm was still running")
+        return algorithm_task.result()
+
+
+async def _cancel(task: asyncio.Future[Any]) -> None:
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _public_endpoint(gateway: Any, trainer: Trainer) -> str:
+    """The gateway's rollout-scoped endpoint under the host name runners elsewhere can reach."""
+    host = trainer.public_host or trainer.gateway_host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    parts = urlsplit(str(gateway.endpoint_template))
+    netloc = f"[{host}]" if ":" in host else host
+    return urlunsplit(parts._replace(netloc=f"{netloc}:{parts.port}"))
 
 
 async def _serve_model(
@@ -62,21 +132,29 @@ async def _serve_model(
     model_path: str,
     trainer: Trainer,
     ctx: TrainingContext,
+    placer: Placer | None = None,
 ) -> TrainingContext:
-    from agl.engines.builtin.server import EngineServer
-    from agl.gateway import Gateway, UpstreamConfig
+    from agl.engines.launch import BuiltinEngine, start_engines
+    from agl.gateway import Gateway
 
-    engine = EngineServer(model_path, **trainer.engine_options)
-    await asyncio.to_thread(engine.start)
-    stack.callback(engine.stop)
-    gateway = Gateway(store, [UpstreamConfig(url=engine.base_url, kind="agl")])
+    spec = trainer.engine or BuiltinEngine(trainer.engine_options)
+    work_dir = Path(trainer.output_dir) / "engine"
+    engines = await start_engines(
+        spec, model_path, algorithm=trainer.algorithm, work_dir=work_dir, placer=placer
+    )
+    stack.callback(engines.stop)
+    gateway = Gateway(store, engines.upstreams, host=trainer.gateway_host, port=trainer.gateway_port)
     await asyncio.to_thread(gateway.start)
     stack.callback(gateway.stop)
-    llm = LLM(endpoint=gateway.endpoint_template, model="policy", sampling_parameters=dict(trainer.sampling))
+    llm = LLM(
+        endpoint=_public_endpoint(gateway, trainer),
+        model="policy",
+        sampling_parameters=dict(trainer.sampling),
+    )
 
     async def sync_weights(state: dict[str, Any]) -> str:
-        return await asyncio.to_thread(engine.update_weights, state)
+        return await engines.sync(state, gateway)
 
     ctx.llm, ctx.flush, ctx.sync_weights = llm, gateway.flush, sync_weights
-    ctx.extra.update(engine=engine, gateway=gateway)
+    ctx.extra.update(engine=engines.replicas[0], engines=engines, gateway=gateway)
     return ctx

@@ -53,6 +53,7 @@ def _fit(out: Path, steps: int, resume: bool = False) -> dict:  # type: ignore[t
     )
 
 
+@pytest.mark.timeout(240)
 def test_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
     first = _fit(tmp_path, steps=2)
     assert len(first["history"]) == 2
@@ -88,6 +89,7 @@ SLOW_FIT = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(180)
 def test_ctrl_c_stops_fit_promptly(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-c", SLOW_FIT, str(tmp_path)],
