@@ -22,6 +22,7 @@ _GROUPS: dict[str, tuple[str, str]] = {
     "store": ("agl.cli.store", "Run or inspect a LightningStore."),
     "gateway": ("agl.cli.gateway", "Run the OpenAI-compatible LLM gateway."),
     "engine": ("agl.cli.engine", "Serve a local Hugging Face model over the OpenAI protocol."),
+    "dashboard": ("agl.cli.dashboard", "Serve the web dashboard for a remote store."),
     "runner": ("agl.cli.runner", "Attach runners on this machine to a remote store."),
 }
 

@@ -28,10 +28,15 @@ def serve(
         help="Require 'Authorization: Bearer TOKEN' on every route but /health.",
     ),
     max_body_mb: int = typer.Option(64, help="Largest request body accepted, in MiB (413 beyond)."),
+    metrics_dir: str | None = typer.Option(
+        None, help="A training output directory whose metrics.csv files the dashboard charts."
+    ),
 ) -> None:
-    """Serve the whole LightningStore API under /v1/agl (OpenAPI at /openapi.json, OTLP at /v1/traces)."""
+    """Serve the whole LightningStore API under /v1/agl (OpenAPI at /openapi.json, OTLP at /v1/traces)
+    and the dashboard at /ui."""
     import uvicorn
 
+    from agl.dashboard import mount_dashboard
     from agl.store.server import create_app
 
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
@@ -40,7 +45,9 @@ def serve(
         )
     store = open_store(backend)
     application = create_app(store, token=token, max_body_bytes=max_body_mb * 1024 * 1024)
-    typer.echo(f"agl store serving {backend} on http://{host}:{port}")
+    # mounted here, not in agl.store.server: the store layer must not import the dashboard
+    application = mount_dashboard(application, store, token=token, metrics_dir=metrics_dir)
+    typer.echo(f"agl store serving {backend} on http://{host}:{port} (dashboard: /ui/)")
     _tune_gc_for_serving()
     uvicorn.run(
         application,

@@ -1,0 +1,269 @@
+"""What the dashboard shows, as plain JSON: spans made readable, resources with secrets hidden, prompt diffs, metrics.
+
+Pure functions over store objects, so the JSON API is tested without a browser and the page stays dumb.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agl import semconv as sc
+from agl.schemas import LLMCall, PromptTemplate, ResourcesVersion, Rollout, Span
+
+#: attributes too bulky to ship to a browser; the view keeps their length instead
+_BULKY = (
+    sc.LLM_PROMPT_TOKEN_IDS,
+    sc.LLM_COMPLETION_TOKEN_IDS,
+    sc.LLM_LOGPROBS,
+    sc.LLM_REQUEST,
+    sc.LLM_RESPONSE,
+)
+_SECRET_KEYS = frozenset({"api_key", "authorization", "token", "password"})
+MAX_METRIC_ROWS = 5000
+
+
+def redact(value: Any) -> Any:
+    """``value`` with every secret-looking key's value replaced (resources may carry API keys)."""
+    if isinstance(value, dict):
+        return {k: ("***" if str(k).lower() in _SECRET_KEYS and v else redact(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def text_of(content: Any) -> str:
+    """A chat message's content as text: OpenAI content parts joined, other parts named."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+            elif isinstance(part, dict):
+                parts.append(f"[{part.get('type', 'part')}]")
+            else:
+                parts.append(str(part))
+        return "\n".join(parts)
+    return orjson.dumps(content).decode()
+
+
+def tool_calls_of(calls: Iterable[Any] | None) -> list[dict[str, Any]]:
+    """OpenAI tool calls as ``{"id", "name", "arguments"}``."""
+    out = []
+    for call in calls or []:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") or {}
+        out.append(
+            {
+                "id": call.get("id"),
+                "name": function.get("name", call.get("name")),
+                "arguments": function.get("arguments", call.get("arguments")),
+            }
+        )
+    return out
+
+
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    view = {"role": message.get("role", "?"), "content": text_of(message.get("content"))}
+    if message.get("tool_calls"):
+        view["tool_calls"] = tool_calls_of(message["tool_calls"])
+    if message.get("tool_call_id"):
+        view["tool_call_id"] = message["tool_call_id"]
+    return view
+
+
+def _detail(span: Span) -> tuple[str, dict[str, Any]]:
+    """The span's category and the few fields a person reads first."""
+    a = span.attributes
+    call = LLMCall.from_span(span)
+    if call is not None:
+        messages = [_message(m) for m in call.request_messages or [] if isinstance(m, dict)]
+        if not messages and call.prompt is not None:
+            messages = [{"role": "prompt", "content": call.prompt}]
+        response = _message(call.response_message) if call.response_message else None
+        tool_calls = tool_calls_of(call.tool_calls) or (response or {}).get("tool_calls", [])
+        return "llm", {
+            "model": call.model,
+            "messages": messages,
+            "response": response,
+            "tool_calls": tool_calls,
+            "usage": call.usage,
+            "latency_ms": a.get(sc.LLM_LATENCY_MS),
+            "finish_reason": call.finish_reason,
+            "error": call.error,
+        }
+    if span.name == sc.SPAN_REWARD:
+        return "reward", {"value": a.get(sc.REWARD_VALUE), "values": a.get(sc.REWARD_VALUES) or {}}
+    if span.name == sc.SPAN_MESSAGE:
+        return "message", {"text": a.get(sc.MESSAGE_TEXT)}
+    if span.name == sc.SPAN_OBJECT:
+        return "object", {"value": a.get(sc.OBJECT_VALUE)}
+    if span.name == sc.SPAN_EXCEPTION:
+        return "exception", {
+            "type": a.get(sc.EXCEPTION_TYPE),
+            "message": a.get(sc.EXCEPTION_MESSAGE),
+            "stacktrace": a.get(sc.EXCEPTION_STACKTRACE),
+        }
+    if span.name == sc.SPAN_ANNOTATION:
+        return "annotation", {"value": a.get(sc.ANNOTATION)}
+    if sc.OPERATION_NAME in a:
+        return "operation", {
+            "name": a.get(sc.OPERATION_NAME),
+            "input": a.get(sc.OPERATION_INPUT),
+            "output": a.get(sc.OPERATION_OUTPUT),
+        }
+    return "other", {}
+
+
+def span_view(span: Span, depth: int = 0) -> dict[str, Any]:
+    """One span as the page shows it: identity, timing, its category's readable fields, attributes."""
+    category, detail = _detail(span)
+    attributes = {
+        k: (f"<{len(v)} values>" if k in _BULKY and isinstance(v, list) else v)
+        for k, v in span.attributes.items()
+        if not (k in _BULKY and isinstance(v, dict))
+    }
+    return {
+        "span_id": span.span_id,
+        "parent_id": span.parent_id,
+        "name": span.name,
+        "category": category,
+        "depth": depth,
+        "sequence_id": span.sequence_id,
+        "start_ns": span.start_time_ns,
+        "end_ns": span.end_time_ns,
+        "duration_ms": (span.end_time_ns - span.start_time_ns) / 1e6,
+        "status": span.status.code.value,
+        "status_message": span.status.description,
+        "detail": redact(detail),
+        "attributes": redact(attributes),
+    }
+
+
+def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
+    """Views of ``spans`` in tree order (each parent before its children, siblings by start time).
+
+    A span whose parent is not among ``spans`` (another process's span, or a lost one) is a root.
+    """
+    spans = list(spans)
+    ids = {s.span_id for s in spans}
+    children: dict[str | None, list[Span]] = {}
+    for span in spans:
+        parent = span.parent_id if span.parent_id in ids and span.parent_id != span.span_id else None
+        children.setdefault(parent, []).append(span)
+    for group in children.values():
+        group.sort(key=lambda s: (s.start_time_ns, s.sequence_id or 0))
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    stack = [(s, 0) for s in reversed(children.get(None, []))]
+    while stack:
+        span, depth = stack.pop()
+        if span.span_id in seen:  # a parent cycle in foreign spans must not loop forever
+            continue
+        seen.add(span.span_id)
+        out.append(span_view(span, depth))
+        stack.extend((c, depth + 1) for c in reversed(children.get(span.span_id, [])))
+    out.extend(span_view(s) for s in spans if s.span_id not in seen)  # cycles: show them flat
+    return out
+
+
+def rollout_view(rollout: Rollout, reward: float | None) -> dict[str, Any]:
+    view: dict[str, Any] = redact(rollout.model_dump(mode="json"))
+    view["reward"] = reward
+    return view
+
+
+def version_view(version: ResourcesVersion) -> dict[str, Any]:
+    """A resources version, secrets hidden, with its APO record (parent, round, critique) if it has one."""
+    view: dict[str, Any] = redact(version.model_dump(mode="json"))
+    apo = version.metadata.get("apo")
+    view["apo"] = apo if isinstance(apo, dict) else None
+    view["diff_parent_id"] = diff_parent(version)
+    return view
+
+
+def diff_parent(version: ResourcesVersion) -> str | None:
+    """The version a change is read against: the APO parent candidate, else the stored parent."""
+    apo = version.metadata.get("apo")
+    if isinstance(apo, dict) and apo.get("parent_id"):
+        return str(apo["parent_id"])
+    return version.parent_id
+
+
+def _lines(version: ResourcesVersion | None, name: str) -> list[str]:
+    if version is None or name not in version.resources:
+        return []
+    resource = version.resources[name]
+    if isinstance(resource, PromptTemplate):
+        return resource.template.splitlines()
+    dumped = redact(resource.model_dump(mode="json"))
+    return orjson.dumps(dumped, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode().splitlines()
+
+
+def resources_diff(old: ResourcesVersion | None, new: ResourcesVersion) -> list[dict[str, Any]]:
+    """Per resource name, a line diff ``[{"op": " "|"-"|"+", "text"}]`` from ``old`` to ``new``.
+
+    Prompts are diffed by template lines, other resources by their JSON; unchanged ones are listed
+    with ``changed: False`` and no lines.
+    """
+    names = list(new.resources) + [n for n in (old.resources if old else {}) if n not in new.resources]
+    out: list[dict[str, Any]] = []
+    for name in names:
+        before, after = _lines(old, name), _lines(new, name)
+        kind = getattr(new.resources.get(name), "resource_type", None) or getattr(
+            old.resources.get(name) if old else None, "resource_type", None
+        )
+        if before == after:
+            out.append({"name": name, "resource_type": kind, "changed": False, "lines": []})
+            continue
+        lines = [
+            {"op": line[0], "text": line[2:]} for line in difflib.ndiff(before, after) if line[:1] in " +-"
+        ]
+        out.append({"name": name, "resource_type": kind, "changed": True, "lines": lines})
+    return out
+
+
+def _number(text: str | None) -> float | None:
+    if text is None or text == "":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def read_metrics(metrics_dir: Path) -> list[dict[str, Any]]:
+    """Every ``metrics.csv`` (written by :class:`agl.metrics.MetricsLogger`) in ``metrics_dir`` or one or
+    two levels below, as ``{"name", "columns", "rows"}`` with the last ``MAX_METRIC_ROWS`` rows.
+    """
+    found = sorted(
+        {
+            *metrics_dir.glob("metrics.csv"),
+            *metrics_dir.glob("*/metrics.csv"),
+            *metrics_dir.glob("*/*/metrics.csv"),
+        }
+    )
+    runs = []
+    for path in found:
+        try:
+            with path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                rows = [{k: _number(v) for k, v in row.items() if k} for row in reader]
+                columns = [c for c in reader.fieldnames or [] if c]
+        except (OSError, csv.Error, UnicodeDecodeError):
+            continue  # a file being rewritten right now; the next poll reads it
+        name = str(path.parent.relative_to(metrics_dir)) if path.parent != metrics_dir else metrics_dir.name
+        runs.append({"name": name, "path": str(path), "columns": columns, "rows": rows[-MAX_METRIC_ROWS:]})
+    return runs

@@ -1,0 +1,161 @@
+"""A real store server with the dashboard mounted, filled by real rollouts: a runner, an ``@agl.rollout``
+agent calling a scripted OpenAI upstream through the gateway (so spans hold real prompts, completions and
+tool calls), two APO prompt versions, and a metrics.csv written by ``MetricsLogger``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agl
+from agl.dashboard import mount_dashboard
+from agl.gateway import Gateway, GatewayConfig
+from agl.metrics import MetricsLogger
+from agl.schemas import LLM, PromptTemplate, RetryConfig, RolloutCreate
+from agl.serving import BackgroundServer
+from agl.store import SqliteLightningStore
+from agl.store.client import LightningStoreClient
+from agl.store.server import create_app
+from agl.testing.openai_upstream import OpenAIUpstream
+
+TOKEN = "dash-secret"
+API_KEY = "sk-never-shown"
+PROMPT_V1 = "You are a shop assistant.\nAnswer briefly."
+PROMPT_V2 = "You are a shop assistant.\nUse the lookup tool for every price.\nAnswer briefly."
+CRITIQUE = "Answers guessed prices: the prompt never says to use the lookup tool."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Price of an item",
+            "parameters": {"type": "object", "properties": {"item": {"type": "string"}}},
+        },
+    }
+]
+
+
+@dataclass
+class Filled:
+    """The servers and what was written, so tests can check the dashboard shows exactly that."""
+
+    url: str
+    metrics_dir: Path
+    v1: str
+    v2: str
+    rewards: dict[str, float | None] = field(default_factory=dict)  # rollout_id -> final reward
+    modes: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)  # rollout_id -> resources_id
+    failed: str = ""
+    queued: str = ""
+    tool_rollout: str = ""
+
+    def client(self) -> LightningStoreClient:
+        return LightningStoreClient(self.url, token=TOKEN, retries=0)
+
+
+@agl.operation("lookup")
+def lookup(item: str) -> str:
+    return f"{item} costs 3 dollars"
+
+
+@agl.rollout
+async def shop_agent(task: dict[str, Any], llm: LLM, prompt: PromptTemplate) -> float:
+    import openai
+
+    if task.get("fail"):
+        raise ValueError("the task asked to fail")
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0)
+    messages: list[Any] = [
+        {"role": "system", "content": prompt.template},
+        {"role": "user", "content": task["question"]},
+    ]
+    first = await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS)
+    reply = first.choices[0].message
+    if reply.tool_calls:
+        call = reply.tool_calls[0]
+        result = lookup(json.loads(call.function.arguments).get("item", "?"))
+        messages += [
+            reply.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": result},
+        ]
+        await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS)
+    agl.emit_message(f"answered: {task['question']}")
+    return float(task["reward"])
+
+
+async def _fill(filled: Filled, gateway_endpoint: str) -> None:
+    store = filled.client()
+    llm = LLM(endpoint=gateway_endpoint, model="shop-model", api_key=API_KEY)
+    v1 = await store.add_resources(
+        {"llm": llm, "prompt": PromptTemplate(template=PROMPT_V1)},
+        metadata={"apo": {"parent_id": None, "round": 0, "critique": None}},
+    )
+    v2 = await store.add_resources(
+        {"llm": llm, "prompt": PromptTemplate(template=PROMPT_V2)},
+        metadata={"apo": {"parent_id": v1.resources_id, "round": 1, "critique": CRITIQUE}},
+    )
+    filled.v1, filled.v2 = v1.resources_id, v2.resources_id
+    plan = [  # (resources, mode, question, reward)
+        (v1, "train", "what does an apple cost?", 0.2),
+        (v1, "train", "what does a pear cost?", 0.4),
+        (v1, "val", "what does a plum cost?", 0.3),
+        (v2, "train", "use the lookup tool: apple", 0.8),
+        (v2, "train", "use the lookup tool: pear", 0.6),
+        (v2, "val", "use the lookup tool: plum", 0.9),
+    ]
+    creates = [
+        RolloutCreate(input={"question": q, "reward": w}, mode=mode, resources_id=v.resources_id)
+        for v, mode, q, w in plan
+    ]
+    creates.append(
+        RolloutCreate(
+            input={"question": "boom", "fail": True},
+            resources_id=v2.resources_id,
+            retry=RetryConfig(max_attempts=2, retry_on=["failed"]),
+        )
+    )
+    rollouts = await store.enqueue_rollouts(creates)
+    for r, (_, _, _, w) in zip(rollouts, plan + [(None, None, None, None)], strict=True):
+        filled.rewards[r.rollout_id] = w
+        filled.modes[r.rollout_id] = r.mode
+        filled.versions[r.rollout_id] = r.resources_id or ""
+    filled.failed = rollouts[-1].rollout_id
+    filled.tool_rollout = rollouts[3].rollout_id
+    runner = agl.Runner(shop_agent, store, poll_interval_s=0.01, heartbeat_interval_s=0.5)
+    await runner.run(max_rollouts=8)  # six rollouts and the failing one's two attempts
+    await store.aclose()
+
+
+@pytest.fixture(scope="session")  # the API and browser tests share one (the fill takes seconds)
+def filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
+    root = tmp_path_factory.mktemp("dashboard")
+    metrics_dir = root / "runs"
+    logger = MetricsLogger(metrics_dir / "grpo", progress=False)
+    for step in range(1, 6):
+        logger.log(step, {"reward_mean": 0.1 * step, "loss": 1.0 / step})
+    logger.close()
+    inner = SqliteLightningStore(str(root / "store.db"))
+    app = mount_dashboard(create_app(inner, token=TOKEN), inner, token=TOKEN, metrics_dir=metrics_dir)
+    with BackgroundServer(app) as server, OpenAIUpstream() as upstream:
+        filled = Filled(url=server.url, metrics_dir=metrics_dir, v1="", v2="")
+        with Gateway(inner, [upstream.base_url], GatewayConfig(health_interval_s=0.1)) as gateway:
+            asyncio.run(_fill(filled, gateway.endpoint_template))
+        queued = asyncio.run(_enqueue(filled, RolloutCreate(input={"question": "later"}, mode="test")))
+        filled.queued = queued
+        filled.rewards[queued], filled.modes[queued] = None, "test"
+        yield filled
+
+
+async def _enqueue(filled: Filled, create: RolloutCreate) -> str:
+    store = filled.client()
+    (rollout,) = await store.enqueue_rollouts([create])
+    await store.aclose()
+    return rollout.rollout_id

@@ -1,0 +1,270 @@
+"""The dashboard's JSON API against a real store server holding real rollouts, spans and resources."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agl.dashboard import standalone_app
+from agl.serving import BackgroundServer
+from tests.dashboard.conftest import API_KEY, CRITIQUE, PROMPT_V1, TOKEN, Filled
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def http(filled: Filled) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=filled.url, headers=AUTH, timeout=30) as client:
+        yield client
+
+
+def get(http: httpx.Client, path: str, **params: Any) -> Any:
+    response = http.get(f"/ui/api/{path}", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_page_loads_without_a_token_but_the_data_needs_it(filled: Filled) -> None:
+    with httpx.Client(base_url=filled.url) as anon:
+        page = anon.get("/ui/")
+        assert page.status_code == 200 and "static/app.js" in page.text
+        assert anon.get("/ui/static/app.js").status_code == 200
+        redirect = anon.get("/ui?token=abc")
+        assert redirect.status_code == 307 and redirect.headers["location"] == "/ui/?token=abc"
+        for path in ("summary", "rollouts", "resources", "curves", "metrics"):
+            denied = anon.get(f"/ui/api/{path}")
+            assert denied.status_code == 401 and denied.json()["error"]["type"] == "UnauthorizedError"
+        wrong = anon.get("/ui/api/rollouts", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        assert anon.get("/health").status_code == 200  # the store's routes are untouched
+
+
+def test_rollouts_filter_by_status_and_mode_and_page(http: httpx.Client, filled: Filled) -> None:
+    everything = get(http, "rollouts")["items"]
+    assert {r["rollout_id"] for r in everything} == set(filled.rewards)
+    assert [r["created_at"] for r in everything] == sorted(
+        (r["created_at"] for r in everything), reverse=True
+    )
+    for r in everything:
+        assert r["reward"] == filled.rewards[r["rollout_id"]], r
+    failed = get(http, "rollouts", status="failed")["items"]
+    assert [(r["rollout_id"], r["num_attempts"]) for r in failed] == [(filled.failed, 2)]
+    assert [r["rollout_id"] for r in get(http, "rollouts", status="queuing")["items"]] == [filled.queued]
+    both = get(http, "rollouts", status="failed,queuing")["items"]
+    assert {r["rollout_id"] for r in both} == {filled.failed, filled.queued}
+    val = get(http, "rollouts", mode="val", status="succeeded")["items"]
+    assert sorted(r["reward"] for r in val) == [0.3, 0.9]
+    seen: list[str] = []
+    cursor = ""
+    while True:
+        page = get(http, "rollouts", limit=3, cursor=cursor)
+        assert len(page["items"]) <= 3
+        seen += [r["rollout_id"] for r in page["items"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert sorted(seen) == sorted(filled.rewards) and len(seen) == len(set(seen))
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [({"status": "done"}, "status"), ({"limit": "many"}, "limit"), ({"limit": "0"}, "limit")],
+)
+def test_bad_query_parameters_are_named(http: httpx.Client, params: dict[str, str], field: str) -> None:
+    response = http.get("/ui/api/rollouts", params=params)
+    assert response.status_code == 422
+    assert response.json()["error"]["field"] == field
+
+
+def test_bad_cursor_and_unknown_things_are_4xx(http: httpx.Client, filled: Filled) -> None:
+    assert http.get("/ui/api/rollouts", params={"cursor": "garbage"}).status_code == 400
+    missing = http.get("/ui/api/rollouts/ro-nope")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
+    bad_attempt = http.get(f"/ui/api/rollouts/{filled.tool_rollout}", params={"attempt_id": "at-nope"})
+    assert bad_attempt.status_code == 422 and bad_attempt.json()["error"]["field"] == "attempt_id"
+    assert http.get(f"/ui/api/resources/{filled.v2}/diff", params={"against": "rs-nope"}).status_code == 404
+    assert http.get("/ui/api/nothing-here").status_code == 404
+
+
+def test_a_rollout_shows_its_trace_messages_tool_calls_and_reward(http: httpx.Client, filled: Filled) -> None:
+    data = get(http, f"rollouts/{filled.tool_rollout}")
+    assert data["rollout"]["reward"] == 0.8 and data["rollout"]["status"] == "succeeded"
+    assert len(data["attempts"]) == 1 and data["attempt_id"] == data["attempts"][0]["attempt_id"]
+    spans = data["spans"]
+    by_category: dict[str, list[Any]] = {}
+    for span in spans:
+        by_category.setdefault(span["category"], []).append(span)
+    first_call, second_call = by_category["llm"]
+    assert first_call["detail"]["messages"][0] == {"role": "system", "content": filled_prompt_v2()}
+    assert first_call["detail"]["messages"][1]["content"] == "use the lookup tool: apple"
+    assert first_call["detail"]["tool_calls"][0]["name"] == "lookup"
+    assert second_call["detail"]["messages"][-1]["role"] == "tool"
+    assert "3 dollars" in second_call["detail"]["messages"][-1]["content"]
+    assert second_call["detail"]["response"]["content"].startswith("tool result:")
+    (operation,) = by_category["operation"]
+    assert operation["detail"]["name"] == "lookup" and "3 dollars" in operation["detail"]["output"]
+    assert [s["detail"]["value"] for s in by_category["reward"]] == [0.8]
+    assert by_category["message"][0]["detail"]["text"] == "answered: use the lookup tool: apple"
+    # tree order: every span comes after its parent, one level deeper
+    position = {s["span_id"]: i for i, s in enumerate(spans)}
+    for span in spans:
+        if span["parent_id"] in position:
+            parent = spans[position[span["parent_id"]]]
+            assert position[span["parent_id"]] < position[span["span_id"]]
+            assert span["depth"] == parent["depth"] + 1
+        else:
+            assert span["depth"] == 0
+    assert all(s["end_ns"] >= s["start_ns"] for s in spans)
+
+
+def filled_prompt_v2() -> str:
+    from tests.dashboard.conftest import PROMPT_V2
+
+    return PROMPT_V2
+
+
+def test_a_failed_rollout_lists_both_attempts_and_each_attempts_spans(
+    http: httpx.Client, filled: Filled
+) -> None:
+    data = get(http, f"rollouts/{filled.failed}")
+    assert [a["status"] for a in data["attempts"]] == ["failed", "failed"]
+    assert data["rollout"]["reward"] is None
+    exceptions = [s for s in data["spans"] if s["category"] == "exception"]
+    assert exceptions and exceptions[0]["detail"]["type"] == "ValueError"
+    first = data["attempts"][0]["attempt_id"]
+    older = get(http, f"rollouts/{filled.failed}", attempt_id=first)
+    assert older["attempt_id"] == first and older["spans"]
+    assert {s["span_id"] for s in older["spans"]}.isdisjoint({s["span_id"] for s in data["spans"]})
+
+
+def test_resources_versions_hide_secrets_and_carry_apo_scores(http: httpx.Client, filled: Filled) -> None:
+    response = http.get("/ui/api/resources")
+    assert API_KEY not in response.text
+    items = response.json()["items"]
+    assert [v["resources_id"] for v in items] == [filled.v2, filled.v1]
+    v2, v1 = items
+    assert v2["resources"]["llm"]["api_key"] == "***"
+    assert v2["apo"] == {"parent_id": filled.v1, "round": 1, "critique": CRITIQUE}
+    assert v2["diff_parent_id"] == filled.v1 and v1["diff_parent_id"] is None
+    assert v1["val_reward"] == pytest.approx(0.3) and v2["val_reward"] == pytest.approx(0.9)
+    assert v1["train_reward"] == pytest.approx(0.3) and v2["train_reward"] == pytest.approx(0.7)
+    for path in (f"rollouts/{filled.tool_rollout}", "rollouts", f"resources/{filled.v2}/diff"):
+        assert API_KEY not in http.get(f"/ui/api/{path}").text
+
+
+def test_the_prompt_diff_against_the_apo_parent(http: httpx.Client, filled: Filled) -> None:
+    data = get(http, f"resources/{filled.v2}/diff")
+    assert data["against"] == filled.v1
+    diff = {d["name"]: d for d in data["diff"]}
+    assert diff["llm"]["changed"] is False
+    assert diff["prompt"]["lines"] == [
+        {"op": " ", "text": "You are a shop assistant."},
+        {"op": "+", "text": "Use the lookup tool for every price."},
+        {"op": " ", "text": "Answer briefly."},
+    ]
+    first = get(http, f"resources/{filled.v1}/diff")
+    assert first["against"] is None
+    prompt = next(d for d in first["diff"] if d["name"] == "prompt")
+    assert [line["text"] for line in prompt["lines"]] == PROMPT_V1.splitlines()
+    assert {line["op"] for line in prompt["lines"]} == {"+"}
+    backwards = get(http, f"resources/{filled.v1}/diff", against=filled.v2)
+    ops = [(line["op"], line["text"]) for line in backwards["diff"][1]["lines"]]
+    assert ("-", "Use the lookup tool for every price.") in ops
+
+
+def test_curves_give_the_mean_reward_per_version_and_mode(http: httpx.Client, filled: Filled) -> None:
+    data = get(http, "curves")
+    rows = {r["resources_id"]: r for r in data["by_version"]}
+    assert rows[filled.v1]["version"] < rows[filled.v2]["version"]
+    assert rows[filled.v1]["train_mean"] == pytest.approx(0.3) and rows[filled.v1]["train_count"] == 2
+    assert rows[filled.v2]["train_mean"] == pytest.approx(0.7) and rows[filled.v2][
+        "val_mean"
+    ] == pytest.approx(0.9)
+    rewarded = {rid: w for rid, w in filled.rewards.items() if w is not None}
+    assert {p["rollout_id"]: p["reward"] for p in data["points"]} == rewarded
+    times = [p["t"] for p in data["points"]]
+    assert times == sorted(times)
+
+
+def test_metrics_csv_files_become_series(http: httpx.Client, filled: Filled) -> None:
+    (run,) = get(http, "metrics")["runs"]
+    assert run["name"] == "grpo" and {"step", "reward_mean", "loss"} <= set(run["columns"])
+    assert [row["step"] for row in run["rows"]] == [1, 2, 3, 4, 5]
+    assert run["rows"][-1]["reward_mean"] == pytest.approx(0.5)
+    summary = get(http, "summary")
+    assert summary["metrics"] is True and summary["latest_resources_id"] == filled.v2
+    assert sum(summary["statistics"]["rollouts_by_status"].values()) >= len(filled.rewards)
+
+
+def test_standalone_dashboard_reads_a_remote_store(filled: Filled) -> None:
+    app = standalone_app(filled.client(), token=TOKEN)
+    with BackgroundServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        assert client.get("/", follow_redirects=False).headers["location"] == "/ui/"
+        assert client.get("/ui/api/rollouts").status_code == 401
+        items = client.get("/ui/api/rollouts", headers=AUTH).json()["items"]
+        assert {r["rollout_id"] for r in items} >= set(filled.rewards)
+        metrics = client.get("/ui/api/metrics", headers=AUTH).json()
+        assert metrics == {"runs": [], "configured": False}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_up(url: str, deadline_s: float = 30) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not come up")
+
+
+def test_agl_store_serve_and_agl_dashboard_commands_serve_the_ui(tmp_path: Any) -> None:
+    store_port, ui_port = _free_port(), _free_port()
+    store_url = f"http://127.0.0.1:{store_port}"
+    serve = [
+        sys.executable,
+        "-m",
+        "agl",
+        "store",
+        "serve",
+        "--port",
+        str(store_port),
+        "--backend",
+        "memory://",
+    ]
+    serve += ["--token", TOKEN, "--metrics-dir", str(tmp_path)]
+    dashboard = [sys.executable, "-m", "agl", "dashboard", "--store", store_url, "--port", str(ui_port)]
+    env = {**os.environ, "AGL_STORE_TOKEN": TOKEN}
+    procs = [
+        subprocess.Popen(c, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        for c in (serve, dashboard)
+    ]
+    try:
+        for url in (store_url, f"http://127.0.0.1:{ui_port}"):
+            _wait_up(f"{url}/health")
+            assert httpx.get(f"{url}/ui/").status_code == 200
+            assert httpx.get(f"{url}/ui/api/summary").status_code == 401
+        metrics = httpx.get(f"{store_url}/ui/api/metrics", headers=AUTH).json()
+        assert metrics == {"runs": [], "configured": True}
+        httpx.post(
+            f"{store_url}/v1/agl/rollouts", json={"rollouts": [{"input": 1}]}, headers=AUTH
+        ).raise_for_status()
+        items = httpx.get(f"http://127.0.0.1:{ui_port}/ui/api/rollouts", headers=AUTH).json()["items"]
+        assert [r["input"] for r in items] == [1] and items[0]["status"] == "queuing"
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
