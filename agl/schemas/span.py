@@ -16,7 +16,8 @@ from pydantic import Field, ValidationInfo, field_validator
 from agl.schemas._base import WireModel, check_json
 
 _HEX = frozenset("0123456789abcdef")
-MAX_SEQUENCE_ID = 2**62  # leaves 2**62 ids of headroom below the 64-bit column for the spans after it
+# the most a client may choose; the store counts on from there, with 2**62 ids of room in a 64-bit column
+MAX_SEQUENCE_ID = 2**62
 
 
 def _check_hex(value: str, length: int, field: str) -> str:
@@ -83,9 +84,7 @@ class Span(WireModel):
     links: list[SpanLink] = Field(default_factory=list)
     status: SpanStatus = Field(default_factory=SpanStatus)
     resource: dict[str, Any] = Field(default_factory=dict)
-    sequence_id: int | None = Field(
-        None, ge=0, le=MAX_SEQUENCE_ID, description="Assigned by the store when absent."
-    )
+    sequence_id: int | None = Field(None, ge=0, description="Assigned by the store when absent.")
 
     @field_validator("attributes", "resource")
     @classmethod

@@ -20,6 +20,7 @@ from agl.schemas import (
     new_id,
 )
 from agl.schemas._base import check_json
+from agl.schemas.span import MAX_SEQUENCE_ID
 
 
 def describe_validation_error(exc: ValidationError) -> str:
@@ -35,16 +36,24 @@ def coerce_spans(spans: Sequence[Span | dict[str, Any]]) -> list[Span]:
     """Validate a batch; one bad span rejects the batch with a message naming it and its field."""
     out: list[Span] = []
     for index, span in enumerate(spans):
-        if isinstance(span, Span):
-            out.append(span)
-            continue
-        try:
-            out.append(Span.model_validate(span))
-        except ValidationError as exc:
-            raise InvalidSpanError(
-                f"span {index} of the batch is malformed: {describe_validation_error(exc)}"
-            ) from exc
+        if not isinstance(span, Span):
+            try:
+                span = Span.model_validate(span)
+            except ValidationError as exc:
+                raise InvalidSpanError(
+                    f"span {index} of the batch is malformed: {describe_validation_error(exc)}"
+                ) from exc
+        if span.sequence_id is not None and span.sequence_id > MAX_SEQUENCE_ID:
+            raise InvalidSpanError(f"span {index} of the batch: {sequence_id_problem(span.sequence_id)}")
+        out.append(span)
     return out
+
+
+def sequence_id_problem(value: int) -> str:
+    return (
+        f"sequence_id {value} is above {MAX_SEQUENCE_ID} (2**62), the most a client may choose, so "
+        "that later ids of the rollout fit in 64 bits; leave it out and the store assigns one"
+    )
 
 
 def coerce_rollout_creates(requests: Sequence[RolloutCreate | dict[str, Any]]) -> list[RolloutCreate]:

@@ -8,6 +8,8 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from agl.schemas import AttemptStatus, Resource, RolloutCreate, RolloutStatus, Span, WireModel, WorkerStatus
 from agl.schemas._base import check_json
+from agl.schemas.span import MAX_SEQUENCE_ID
+from agl.store._logic import sequence_id_problem
 
 API_PREFIX = "/v1/agl"
 MAX_WAIT_S = 30.0
@@ -72,6 +74,14 @@ class AttemptQuery(WireModel):
 
 class SpansRequest(WireModel):
     spans: list[Span] = Field(max_length=100_000)
+
+    @field_validator("spans")
+    @classmethod
+    def _sequence_ids_fit(cls, spans: list[Span]) -> list[Span]:
+        for index, span in enumerate(spans):
+            if span.sequence_id is not None and span.sequence_id > MAX_SEQUENCE_ID:
+                raise ValueError(f"spans.{index}.{sequence_id_problem(span.sequence_id)}")
+        return spans
 
 
 class StoredSpan(WireModel):

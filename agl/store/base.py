@@ -79,9 +79,7 @@ Kind = type | tuple[type, ...]
 SCALAR_KIND: tuple[type, ...] = (str, int, float)
 
 
-def decode_cursor(
-    cursor: str, sort: Kind | list[Kind] = SCALAR_KIND, tie: Kind = (str, int)
-) -> tuple[Any, Any]:
+def decode_cursor(cursor: str, sort: Kind | list[Kind] = SCALAR_KIND, tie: Kind = str) -> tuple[Any, Any]:
     """The (sort key, tiebreak) of ``encode_cursor``, checked against the kinds the query expects.
 
     ``sort`` as a list means a JSON array with one kind per position (a composite sort key).

@@ -36,6 +36,7 @@ from agl.store._sqlite_schema import SCHEMA
 from agl.store._sqlite_thread import GroupCommitThread
 from agl.store.base import (
     Clock,
+    Kind,
     LightningStore,
     Page,
     RolloutOrder,
@@ -55,6 +56,15 @@ def _where_in(where: list[str], args: list[Any], column: str, values: list[Any])
     """Add ``column IN (...)``; an empty list matches nothing (valid SQL in SQLite and PostgreSQL)."""
     where.append(f"{column} IN ({','.join('?' * len(values))})" if values else "1=0")
     args += values
+
+
+# what a cursor's sort key must be for each sort column (PostgreSQL refuses to compare across types)
+_SORT_KINDS: dict[str, Kind] = {
+    "pos": int,
+    "version": int,
+    "created_at": (int, float),
+    "updated_at": (int, float),
+}
 
 
 class SqliteLightningStore(LightningStore):
@@ -379,7 +389,7 @@ class SqliteLightningStore(LightningStore):
         check_limit(limit)
         where, args = list(where), list(args)
         if cursor is not None:
-            key, tie = decode_cursor(cursor)
+            key, tie = decode_cursor(cursor, sort=_SORT_KINDS.get(column, str))
             where.append(f"({column}, {tiebreak}) {'<' if descending else '>'} (?, ?)")
             args += [key, tie]
         direction = "DESC" if descending else "ASC"
