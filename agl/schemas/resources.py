@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import string
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
@@ -26,19 +26,54 @@ class LLM(WireModel):
             return base
         return base.format(rollout_id=rollout_id, attempt_id=attempt_id or "latest")
 
+    def endpoint_for(self, agent: str) -> str:
+        """This agl gateway endpoint for one agent of a multi-agent rollout: the gateway tags every call
+        made through it with ``agl.agent.name = agent`` (for ``GRPOConfig(agent=...)``)."""
+        base = self.endpoint.rstrip("/")
+        if "/rollout/" not in base or not base.endswith("/v1"):
+            raise ValueError(
+                f"endpoint_for needs an agl gateway rollout endpoint (.../rollout/<id>/attempt/<id>/v1), "
+                f"got {self.endpoint!r}; use agl.agent_scope(...) with other endpoints"
+            )
+        if not agent or "/" in agent:
+            raise ValueError(f"agent name must be non-empty and contain no '/', got {agent!r}")
+        return f"{base[: -len('/v1')]}/agent/{agent}/v1"
+
 
 class PromptTemplate(WireModel):
-    """A prompt with ``{name}`` placeholders."""
+    """A prompt with ``{name}`` placeholders (``name`` an identifier); any other brace is literal text.
+
+    So ``Reply as {"answer": <number>}`` stays as written while ``{question}`` is filled in; ``{{`` and
+    ``}}`` still write a literal brace, as in ``str.format``.
+    """
 
     resource_type: Literal["prompt_template"] = "prompt_template"
     template: str
 
     def format(self, **values: Any) -> str:
-        return self.template.format(**values)
+        """Fill every placeholder; a placeholder without a value raises ``KeyError`` naming it."""
+
+        def fill(match: re.Match[str]) -> str:
+            if match.group(1) is not None:
+                return match.group(1)[0]  # "{{" or "}}" -> one literal brace
+            name = match.group(2)
+            if name not in values:
+                raise KeyError(
+                    f"{name!r}: the prompt has the placeholder {{{name}}} but format() got only "
+                    f"{sorted(values)}; rename the placeholder or pass {name}=..."
+                )
+            return str(values[name])
+
+        return _PLACEHOLDER.sub(fill, self.template)
 
     @property
     def placeholders(self) -> list[str]:
-        return [name for _, name, _, _ in string.Formatter().parse(self.template) if name]
+        """The placeholder names, in order of first use."""
+        names = [m.group(2) for m in _PLACEHOLDER.finditer(self.template) if m.group(2) is not None]
+        return list(dict.fromkeys(names))
+
+
+_PLACEHOLDER = re.compile(r"(\{\{|\}\})|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class ModelWeights(WireModel):

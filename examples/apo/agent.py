@@ -16,7 +16,7 @@ async def price_agent(task: dict[str, Any], llm: agl.LLM, prompt: agl.PromptTemp
     """Answer the question, calling ``lookup`` when the model asks; reward 1 for a right, well-formed answer."""
     client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "agl", max_retries=1)
     messages: list[dict[str, Any]] = [
-        {"role": "system", "content": prompt.format()},
+        {"role": "system", "content": prompt.format(**task)},
         {"role": "user", "content": task["question"]},
     ]
     used_tool = False

@@ -96,7 +96,7 @@ async def test_llm_call_budget_is_respected(bed: Bed) -> None:
 async def test_garbage_and_failures_skip_branches_without_crashing(bed: Bed) -> None:
     train, val = make_tasks(9, seed=7), make_tasks(6, seed=8)
     result = await APO(
-        bed.config(rounds=3, beam_width=2, branch_factor=2, minibatch_size=3, llm_retries=1)
+        bed.config(max_rollouts=90, beam_width=2, branch_factor=2, minibatch_size=3, llm_retries=1)
     ).run(bed.store, [t.as_input() for t in train], [t.as_input() for t in val])
     assert result.llm_calls_failed > 0 and result.branches_skipped > 0
     assert result.best.score is not None and result.best.score > 0  # progress despite the chaos

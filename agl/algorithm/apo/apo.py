@@ -1,24 +1,29 @@
-"""Automatic prompt optimization: textual gradients (critique, then edit) with beam search over prompts.
+"""Automatic prompt optimization: textual gradients (critique, then edit), driven by a metric-call budget.
 
-Each round, for each prompt in the beam: run it on a training minibatch as real rollouts, show a critic
-LLM the worst and best trajectories, ask an editor LLM for ``branch_factor`` improved prompts, score
-every child on the validation set, and keep the best ``beam_width``. Every candidate is stored as a
-resources version (metadata ``apo``: parent, round, critique); its score is its validation rollouts'
-mean reward, so the history is queryable from the store (:func:`apo_history`).
+Each round picks parents by Pareto front over the validation tasks, runs a parent on a training minibatch
+made mostly of tasks it already failed (scores are cached per prompt and task, so these cost nothing),
+shows a critic the failures, asks an editor for ``branch_factor`` children, and races them: a child must
+beat its parent on that minibatch, then not lose on a validation *probe* (the first part of a fixed
+validation order), before it joins the pool. Full validation is spent only on contenders for the best:
+the leader when the budget runs low, raced against the best fully validated score. The reported score
+is always a full validation score. Every candidate is stored as a resources version (metadata ``apo``),
+so the history is queryable from the store (:func:`apo_history`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
+from agl.algorithm.apo.search import Candidate, diagnose_baseline, extract_prompt, leader_key, pareto_parents
 from agl.algorithm.apo.trajectories import Trajectory, load_trajectories, render_trajectories
-from agl.errors import ConfigError
+from agl.errors import AgentError, ConfigError
 from agl.schemas import LLM, PromptTemplate, Resource, RolloutCreate
 from agl.store.base import LightningStore
 
@@ -39,18 +44,23 @@ EDITOR_SYSTEM = (
 class APOConfig:
     """Search shape, budget and the critic/editor endpoints (any OpenAI-compatible API).
 
-    ``gate_on_minibatch``: a child is first run on its parent's minibatch and scored on the validation
-    set only if it is not worse there, which saves most of the rollout budget on bad edits.
-    ``perfect_score``: a parent whose whole minibatch reaches it has nothing to learn from this round.
+    ``max_rollouts`` is the metric-call budget (graded task runs, validation included); it drives the
+    run: with it, ``rounds`` defaults to unlimited and the search stops when the budget is spent (never
+    exceeded), at a perfect validated score, or after ``patience`` rounds that accept no child.
+    Without it ``rounds`` defaults to 3. ``val_probe`` is the fraction of the validation set a new
+    child is first compared on (1.0 validates every accepted child fully, as GEPA does).
+    ``output_dir`` gets ``metrics.csv`` and ``curve.png`` (best score against metric calls), and
+    turns on the progress bar and per-round console line (``progress=False`` silences them).
     """
 
     critic: LLM
     editor: LLM
-    beam_width: int = 2
+    beam_width: int = 1
     branch_factor: int = 2
-    rounds: int = 3
+    rounds: int | None = None
     minibatch_size: int = 3
     val_size: int | None = None
+    val_probe: float = 1 / 3
     max_rollouts: int | None = None
     max_llm_calls: int | None = None
     prompt_name: str = "prompt"
@@ -58,34 +68,33 @@ class APOConfig:
     best_k: int = 1
     gate_on_minibatch: bool = True
     perfect_score: float | None = 1.0
+    selection: Literal["pareto", "best"] = "pareto"
+    patience: int = 8
+    finalists: int = 3
     llm_retries: int = 2
     rollout_timeout_s: float = 600.0
+    output_dir: str | None = None
+    progress: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("beam_width", "branch_factor", "rounds", "minibatch_size"):
+        for name in ("beam_width", "branch_factor", "minibatch_size", "patience", "finalists"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"APOConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_rollouts", "max_llm_calls", "val_size"):
+        for name in ("rounds", "max_rollouts", "max_llm_calls", "val_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"APOConfig.{name} must be >= 1 or None (no limit), got {value}")
-
-
-@dataclass
-class Candidate:
-    """One prompt in the search, stored as the resources version ``resources_id``."""
-
-    resources_id: str
-    template: str
-    score: float | None = None
-    parent_id: str | None = None
-    round: int = 0
-    critique: str | None = None
+        if not 0 < self.val_probe <= 1:
+            raise ConfigError(f"APOConfig.val_probe must be in (0, 1], got {self.val_probe}")
+        if self.selection not in ("pareto", "best"):
+            raise ConfigError(f"APOConfig.selection must be 'pareto' or 'best', got {self.selection!r}")
 
 
 @dataclass
 class APOResult:
+    """The best fully validated prompt, every candidate, and where the budget went."""
+
     best: Candidate
     history: list[Candidate]
     rollouts_used: int
@@ -93,6 +102,9 @@ class APOResult:
     llm_calls_failed: int
     branches_skipped: int
     scores_by_round: list[float] = field(default_factory=list)
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    rollouts_by_phase: dict[str, int] = field(default_factory=dict)
+    stop_reason: str = ""
 
 
 class BudgetExhausted(Exception):
@@ -109,11 +121,20 @@ class APO:
     def __init__(self, config: APOConfig) -> None:
         self.config = config
         self.rollouts_used = 0
+        self.rollouts_by_phase = {"minibatch": 0, "validation": 0}
         self.llm_calls_used = 0
         self.llm_calls_failed = 0
         self.branches_skipped = 0
+        self.history: list[Candidate] = []
+        self._by_template: dict[str, Candidate] = {}
         self._rng = random.Random(config.seed)
+        self._scores: dict[tuple[str, str, int], tuple[str, float]] = {}
+        self._trajectories: dict[str, Trajectory] = {}
+        self._ancestors: dict[str, set[str]] = {}
+        self._train_order: list[int] = []
+        self._curve: list[tuple[int, float]] = []
 
+    # ----- the search ------------------------------------------------------------------------
     async def run(
         self,
         store: LightningStore,
@@ -124,147 +145,342 @@ class APO:
     ) -> APOResult:
         cfg = self.config
         base = await store.get_latest_resources()
-        base_resources: dict[str, Resource] = dict(base.resources) if base else {}
+        self._base: dict[str, Resource] = dict(base.resources) if base else {}
         if initial_prompt is None:
-            current = base_resources.get(cfg.prompt_name)
+            current = self._base.get(cfg.prompt_name)
             if not isinstance(current, PromptTemplate):
                 raise ConfigError(
                     f"APO needs a PromptTemplate named {cfg.prompt_name!r} in the latest resources, or initial_prompt"
                 )
             initial_prompt = current.template
-        val = list(val_tasks)[: cfg.val_size] if cfg.val_size else list(val_tasks)
-        root = await self._store_candidate(store, base_resources, initial_prompt, None, 0, None)
-        history = [root]
+        self._store, self._train = store, list(train_tasks)
+        self._val = list(val_tasks)[: cfg.val_size] if cfg.val_size else list(val_tasks)
+        if not self._train or not self._val:
+            raise ConfigError("APO needs at least one training task and one validation task")
+        self._val_order = list(range(len(self._val)))
+        self._rng.shuffle(self._val_order)
+        self._probe = max(1, math.ceil(cfg.val_probe * len(self._val)))
+        rounds = cfg.rounds if cfg.rounds is not None else (None if cfg.max_rollouts else 3)
+        if cfg.max_rollouts is not None and cfg.max_rollouts < len(self._val):
+            raise ConfigError(
+                f"APOConfig.max_rollouts ({cfg.max_rollouts}) cannot cover one validation of the "
+                f"{len(self._val)} validation tasks; raise it or pass val_size"
+            )
+        root = await self._store_candidate(initial_prompt, None, 0, None)
         scores_by_round: list[float] = []
+        stop_reason = f"{rounds} rounds done"
+        metrics = self._metrics_logger(rounds)
         try:
-            root.score = await self._score(store, root, val)
-            beam = [root]
-            scores_by_round.append(root.score)
-            for round_no in range(1, cfg.rounds + 1):
-                children = await self._expand(store, base_resources, beam, list(train_tasks), round_no)
-                for child in children:
-                    history.append(child)
-                    child.score = await self._score(store, child, val)
-                pool = beam + [c for c in children if c.score is not None]
-                beam = sorted(pool, key=lambda c: (-(c.score or 0.0), c.round))[: cfg.beam_width]
-                scores_by_round.append(beam[0].score or 0.0)
-                log.info(
-                    "APO round %d: best %.3f (%d children)", round_no, beam[0].score or 0.0, len(children)
-                )
-        except BudgetExhausted as exc:
-            log.info("APO stopped early: %s", exc)
-        scored = [c for c in history if c.score is not None]
-        best = max(scored, key=lambda c: (c.score or 0.0, -c.round))
+            try:
+                await self._validate_baseline(root)
+                scores_by_round.append(self._best().score or 0.0)
+                self._log_round(metrics, 0)
+                round_no, idle = 0, 0
+                while rounds is None or round_no < rounds:
+                    if await self._perfect():
+                        stop_reason = "perfect validation score"
+                        break
+                    round_no += 1
+                    accepted = 0
+                    for parent in self._select_parents():
+                        accepted += await self._expand(parent, round_no)
+                    idle = 0 if accepted else idle + 1
+                    scores_by_round.append(self._best().score or 0.0)
+                    self._log_round(metrics, round_no)
+                    if idle >= cfg.patience:
+                        stop_reason = f"no child accepted in {cfg.patience} rounds"
+                        break
+            except BudgetExhausted as exc:
+                stop_reason = str(exc)
+            await self._finalize()
+            self._log_round(metrics, len(scores_by_round))
+        finally:
+            if metrics is not None:
+                metrics.close()
+        best = self._best()
+        if scores_by_round:
+            scores_by_round[-1] = best.score or 0.0  # the last round includes the final validation
+        log.info(
+            "APO stopped (%s): best %.3f after %d metric calls",
+            stop_reason,
+            best.score or 0.0,
+            self.rollouts_used,
+        )
         return APOResult(
             best=best,
-            history=history,
+            history=self.history,
             rollouts_used=self.rollouts_used,
             llm_calls_used=self.llm_calls_used,
             llm_calls_failed=self.llm_calls_failed,
             branches_skipped=self.branches_skipped,
             scores_by_round=scores_by_round,
+            curve=self._curve,
+            rollouts_by_phase=dict(self.rollouts_by_phase),
+            stop_reason=stop_reason,
         )
+
+    async def evaluate(self, store: LightningStore, template: str, tasks: Sequence[Any]) -> float:
+        """Mean reward of ``template`` on held-out ``tasks`` (mode ``test``; not counted in the budget)."""
+        base = await store.get_latest_resources()
+        resources: dict[str, Resource] = dict(base.resources) if base else {}
+        version = await store.add_resources(
+            {**resources, self.config.prompt_name: PromptTemplate(template=template)}
+        )
+        rollouts = await store.enqueue_rollouts(
+            [RolloutCreate(input=t, mode="test", resources_id=version.resources_id) for t in tasks]
+        )
+        ids = [r.rollout_id for r in rollouts]
+        await store.wait_for_rollouts(ids, timeout_s=self.config.rollout_timeout_s)
+        return sum(t.reward for t in await load_trajectories(store, ids)) / max(len(ids), 1)
+
+    def _full(self) -> list[Candidate]:
+        return [c for c in self.history if c.val_evaluated == len(self._val)]
+
+    def _best(self) -> Candidate:
+        return max(self._full(), key=lambda c: (c.score or 0.0, -c.round))
+
+    def _prefix_mean(self, c: Candidate) -> float:
+        rewards = self._val_rewards(c, self._probe)
+        return sum(rewards) / len(rewards)
+
+    def _leader(self) -> Candidate:
+        pool = [c for c in self.history if c.val_evaluated >= self._probe]
+        return max(pool, key=lambda c: leader_key(c, self._prefix_mean(c)))
+
+    def _remaining(self) -> float:
+        cfg = self.config
+        return math.inf if cfg.max_rollouts is None else cfg.max_rollouts - self.rollouts_used
+
+    async def _perfect(self) -> bool:
+        """True once a fully validated candidate is perfect; validates a leader perfect on the probe."""
+        if self.config.perfect_score is None:
+            return False
+        leader = self._leader()
+        missing = len(self._val) - leader.val_evaluated
+        if 0 < missing <= self._remaining() and self._prefix_mean(leader) >= self.config.perfect_score:
+            await self._validate(leader, len(self._val), beat=self._best().score)
+        return (self._best().score or 0.0) >= self.config.perfect_score
+
+    def _select_parents(self) -> list[Candidate]:
+        cfg = self.config
+        pool = [c for c in self.history if c.val_evaluated >= self._probe]
+        if cfg.selection == "best":
+            ranked = sorted(pool, key=lambda c: leader_key(c, self._prefix_mean(c)), reverse=True)
+            return ranked[: cfg.beam_width]
+        per_task = {c.resources_id: self._val_rewards(c, self._probe) for c in pool}
+        return pareto_parents(pool, per_task, self._ancestors, cfg.beam_width, self._rng)
+
+    async def _validate_baseline(self, root: Candidate) -> None:
+        """Validate the starting prompt; stop with a clear error if its first rollouts all fail."""
+        await self._validate(root, self._probe)
+        trajectories = [
+            self._trajectories[rid] for rid, _ in self._results(root, "val", self._val_order[: self._probe])
+        ]
+        problem = diagnose_baseline(trajectories, self._val)
+        if problem is not None:
+            raise AgentError(f"APO cannot start: {problem}")
+        await self._validate(root, len(self._val))
+
+    async def _finalize(self) -> None:
+        """Fully validate the strongest partly validated candidates, raced against the best validated score."""
+        cfg = self.config
+        partial = [c for c in self.history if self._probe <= c.val_evaluated < len(self._val)]
+        partial.sort(key=lambda c: leader_key(c, self._prefix_mean(c)), reverse=True)
+        for candidate in partial[: cfg.finalists]:
+            best = self._best().score
+            if best is not None and self._bound(candidate) <= best:
+                continue
+            if len(self._val) - candidate.val_evaluated > self._remaining():
+                continue
+            await self._validate(candidate, len(self._val), beat=best)
+
+    def _bound(self, c: Candidate) -> float:
+        """The best full validation score ``c`` could still reach."""
+        top = self.config.perfect_score if self.config.perfect_score is not None else math.inf
+        rewards = self._val_rewards(c, c.val_evaluated)
+        return (sum(rewards) + top * (len(self._val) - len(rewards))) / len(self._val)
+
+    # ----- one parent's expansion ----------------------------------------------------------
+    async def _expand(self, parent: Candidate, round_no: int) -> int:
+        """Critique ``parent`` on a minibatch, race its children; returns how many joined the pool."""
+        cfg = self.config
+        batch = self._minibatch(parent)
+        fresh = sum((parent.resources_id, "train", i) not in self._scores for i in batch)
+        reserve = len(self._val) - self._probe  # kept to fully validate the final leader
+        if fresh + len(batch) + self._probe + reserve > self._remaining():
+            raise BudgetExhausted(
+                f"rollout budget {cfg.max_rollouts} nearly spent ({self.rollouts_used} used)"
+            )
+        parent_results = await self._run(parent, "train", batch, "minibatch")
+        parent_sum = sum(r for _, r in parent_results)
+        trajectories = sorted((self._trajectories[rid] for rid, _ in parent_results), key=lambda t: t.reward)
+        if cfg.perfect_score is not None and all(t.reward >= cfg.perfect_score for t in trajectories):
+            return 0  # nothing to learn from this minibatch
+        critique = await self._critique(parent, trajectories)
+        if critique is None:
+            self.branches_skipped += cfg.branch_factor
+            return 0
+        edits = await asyncio.gather(
+            *(self._edit(parent.template, critique, round_no * 100 + b) for b in range(cfg.branch_factor))
+        )
+        # an edit seen before is raced again on this minibatch, paying only for tasks it has not run
+        pooled = {c.template for c in self.history if c.val_evaluated > 0} | {parent.template}
+        raced: list[tuple[float, Candidate]] = []
+        rematched = False
+        for template in edits:
+            if template is None or template in pooled:
+                self.branches_skipped += 1
+                continue
+            pooled.add(template)
+            if cfg.gate_on_minibatch and len(batch) + self._probe + reserve > self._remaining():
+                self.branches_skipped += 1
+                continue
+            child = self._by_template.get(template) or await self._store_candidate(
+                template, parent, round_no, critique
+            )
+            if not cfg.gate_on_minibatch:
+                raced.append((0.0, child))
+                continue
+            gain = sum(r for _, r in await self._run(child, "train", batch, "minibatch")) - parent_sum
+            if gain == 0 and not rematched and 2 * len(batch) + self._probe + reserve <= self._remaining():
+                # a tie may only mean the minibatch missed what the edit fixes: one more minibatch decides
+                rematched = True
+                extra = self._minibatch(parent, exclude=set(batch))
+                parent_extra = sum(r for _, r in await self._run(parent, "train", extra, "minibatch"))
+                gain = sum(r for _, r in await self._run(child, "train", extra, "minibatch")) - parent_extra
+            if gain > 0:
+                raced.append((gain, child))
+            else:
+                self.branches_skipped += 1
+        accepted = 0
+        for _, child in sorted(raced, key=lambda pair: -pair[0]):
+            if self._probe + reserve > self._remaining():
+                break
+            await self._validate(child, self._probe)
+            parent_probe = sum(self._val_rewards(parent, self._probe))
+            if sum(self._val_rewards(child, self._probe)) >= parent_probe:
+                accepted += 1
+            else:
+                child.val_evaluated = 0  # lost on the probe: out of the pool
+        return accepted
+
+    def _minibatch(self, parent: Candidate, exclude: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+        """Mostly tasks ``parent`` already failed (free, and what the critic should see), plus fresh ones."""
+        cfg = self.config
+        failed = [
+            i
+            for i in range(len(self._train))
+            if i not in exclude
+            and (key := (parent.resources_id, "train", i)) in self._scores
+            and self._scores[key][1] < (cfg.perfect_score if cfg.perfect_score is not None else math.inf)
+        ]
+        size = min(cfg.minibatch_size, len(self._train))
+        reuse = self._rng.sample(failed, min(len(failed), max(size - 1, size // 2)))
+        batch = list(reuse)
+        seen = {i for i in range(len(self._train)) if (parent.resources_id, "train", i) in self._scores}
+        for _ in range(2 * len(self._train)):
+            if len(batch) >= size:
+                break
+            if not self._train_order:  # a new epoch over the training set, as GEPA samples
+                self._train_order = list(range(len(self._train)))
+                self._rng.shuffle(self._train_order)
+            i = self._train_order.pop()
+            if i not in batch and i not in exclude and (i not in seen or len(seen) >= len(self._train)):
+                batch.append(i)
+        return batch
 
     # ----- rollouts ------------------------------------------------------------------------
     async def _store_candidate(
-        self,
-        store: LightningStore,
-        base: dict[str, Resource],
-        template: str,
-        parent: str | None,
-        round_no: int,
-        critique: str | None,
+        self, template: str, parent: Candidate | None, round_no: int, critique: str | None
     ) -> Candidate:
-        meta = {"apo": {"parent_id": parent, "round": round_no, "critique": critique}}
-        version = await store.add_resources(
-            {**base, self.config.prompt_name: PromptTemplate(template=template)}, metadata=meta
+        parent_id = parent.resources_id if parent else None
+        meta = {"apo": {"parent_id": parent_id, "round": round_no, "critique": critique}}
+        version = await self._store.add_resources(
+            {**self._base, self.config.prompt_name: PromptTemplate(template=template)}, metadata=meta
         )
-        return Candidate(version.resources_id, template, None, parent, round_no, critique)
+        depth = parent.depth + 1 if parent else 0
+        candidate = Candidate(version.resources_id, template, None, parent_id, round_no, critique, 0, depth)
+        self._ancestors[candidate.resources_id] = (
+            ({parent.resources_id} | self._ancestors[parent.resources_id]) if parent else set()
+        )
+        self.history.append(candidate)
+        self._by_template[template] = candidate
+        return candidate
 
-    async def _run_rollouts(
-        self, store: LightningStore, candidate: Candidate, tasks: list[Any], mode: str
-    ) -> list[str]:
-        if (
-            self.config.max_rollouts is not None
-            and self.rollouts_used + len(tasks) > self.config.max_rollouts
-        ):
-            raise BudgetExhausted(
-                f"rollout budget {self.config.max_rollouts} reached ({self.rollouts_used} used)"
-            )
-        self.rollouts_used += len(tasks)
-        rollouts = await store.enqueue_rollouts(
-            [
-                RolloutCreate(
-                    input=t,
-                    mode=mode,
-                    resources_id=candidate.resources_id,
-                    metadata={"apo_candidate": candidate.resources_id},
+    def _results(self, c: Candidate, split: str, indices: Sequence[int]) -> list[tuple[str, float]]:
+        return [self._scores[(c.resources_id, split, i)] for i in indices]
+
+    def _val_rewards(self, c: Candidate, n: int) -> list[float]:
+        return [r for _, r in self._results(c, "val", self._val_order[:n])]
+
+    async def _run(
+        self, c: Candidate, split: str, indices: Sequence[int], phase: str
+    ) -> list[tuple[str, float]]:
+        """Rollouts of ``c`` on the tasks not yet scored for it; cached scores are reused for free."""
+        todo = [i for i in dict.fromkeys(indices) if (c.resources_id, split, i) not in self._scores]
+        if todo:
+            if len(todo) > self._remaining():
+                raise BudgetExhausted(
+                    f"rollout budget {self.config.max_rollouts} reached ({self.rollouts_used} used)"
                 )
-                for t in tasks
-            ]
-        )
-        ids = [r.rollout_id for r in rollouts]
-        done = await store.wait_for_rollouts(ids, timeout_s=self.config.rollout_timeout_s)
-        if len(done) < len(ids):
-            log.warning(
-                "%d of %d rollouts did not finish in time; scoring them 0", len(ids) - len(done), len(ids)
+            self.rollouts_used += len(todo)
+            self.rollouts_by_phase[phase] += len(todo)
+            tasks = self._train if split == "train" else self._val
+            rollouts = await self._store.enqueue_rollouts(
+                [
+                    RolloutCreate(
+                        input=tasks[i],
+                        mode="train" if split == "train" else "val",
+                        resources_id=c.resources_id,
+                        metadata={"apo_candidate": c.resources_id},
+                    )
+                    for i in todo
+                ]
             )
-        return ids
+            ids = [r.rollout_id for r in rollouts]
+            done = await self._store.wait_for_rollouts(ids, timeout_s=self.config.rollout_timeout_s)
+            if len(done) < len(ids):
+                log.warning(
+                    "%d of %d rollouts did not finish in time; scoring them 0", len(ids) - len(done), len(ids)
+                )
+            for i, trajectory in zip(todo, await load_trajectories(self._store, ids), strict=True):
+                self._trajectories[trajectory.rollout_id] = trajectory
+                self._scores[(c.resources_id, split, i)] = (trajectory.rollout_id, trajectory.reward)
+        return self._results(c, split, indices)
 
-    async def _score(self, store: LightningStore, candidate: Candidate, val: list[Any]) -> float:
-        ids = await self._run_rollouts(store, candidate, val, "val")
-        trajectories = await load_trajectories(store, ids)
-        return sum(t.reward for t in trajectories) / max(len(trajectories), 1)
+    async def _validate(self, c: Candidate, upto: int, *, beat: float | None = None) -> None:
+        """Extend ``c``'s validation to the first ``upto`` tasks; with ``beat``, in chunks, stopping once
+        ``c`` can no longer score above it."""
+        chunk = self._probe if beat is not None else upto
+        while c.val_evaluated < upto:
+            end = min(upto, c.val_evaluated + chunk)
+            await self._run(c, "val", self._val_order[c.val_evaluated : end], "validation")
+            c.val_evaluated = end
+            rewards = self._val_rewards(c, end)
+            c.score = sum(rewards) / len(rewards)
+            if beat is not None and self._bound(c) <= beat:
+                break
+        if c.val_evaluated == len(self._val):
+            self._curve.append((self.rollouts_used, self._best().score or 0.0))
 
     # ----- critique and edit ---------------------------------------------------------------
-    async def _expand(
-        self,
-        store: LightningStore,
-        base: dict[str, Resource],
-        beam: list[Candidate],
-        train: list[Any],
-        round_no: int,
-    ) -> list[Candidate]:
+    async def _critique(self, parent: Candidate, batch: list[Trajectory]) -> str | None:
+        """Show the critic the minibatch's worst, more known failures (free), and its best."""
         cfg = self.config
-        children: list[Candidate] = []
-        for parent in beam:
-            batch = self._rng.sample(train, min(cfg.minibatch_size, len(train)))
-            ids = await self._run_rollouts(store, parent, batch, "train")
-            trajectories = sorted(await load_trajectories(store, ids), key=lambda t: t.reward)
-            if cfg.perfect_score is not None and all(t.reward >= cfg.perfect_score for t in trajectories):
-                continue  # no failure to critique on this minibatch
-            critique = await self._critique(parent.template, trajectories)
-            if critique is None:
-                self.branches_skipped += cfg.branch_factor
-                continue
-            edits = await asyncio.gather(
-                *(self._edit(parent.template, critique, round_no * 100 + b) for b in range(cfg.branch_factor))
-            )
-            seen = {c.template for c in children} | {parent.template}
-            parent_minibatch = sum(t.reward for t in trajectories) / max(len(trajectories), 1)
-            for template in edits:
-                if template is None or template in seen:
-                    self.branches_skipped += 1
-                    continue
-                seen.add(template)
-                child = await self._store_candidate(
-                    store, base, template, parent.resources_id, round_no, critique
-                )
-                if cfg.gate_on_minibatch:
-                    ids = await self._run_rollouts(store, child, batch, "train")
-                    child_trajectories = await load_trajectories(store, ids)
-                    if sum(t.reward for t in child_trajectories) / max(len(ids), 1) < parent_minibatch:
-                        self.branches_skipped += 1
-                        continue
-                children.append(child)
-        return children
-
-    async def _critique(self, template: str, trajectories: list[Trajectory]) -> str | None:
-        cfg = self.config
-        worst = trajectories[: cfg.worst_k]
-        best = [t for t in trajectories[::-1][: cfg.best_k] if t not in worst]
+        worst = [t for t in batch if cfg.perfect_score is None or t.reward < cfg.perfect_score][: cfg.worst_k]
+        shown = {t.rollout_id for t in worst}
+        known = [
+            self._trajectories[rid]
+            for (cid, split, _), (rid, reward) in self._scores.items()
+            if cid == parent.resources_id
+            and split == "train"
+            and rid not in shown
+            and (cfg.perfect_score is None or reward < cfg.perfect_score)
+        ]
+        worst += self._rng.sample(known, min(len(known), cfg.worst_k - len(worst)))
+        best = [t for t in batch[::-1][: cfg.best_k] if t.rollout_id not in {w.rollout_id for w in worst}]
         user = (
-            f"Current prompt:\n<prompt>{template}</prompt>\n\n"
+            f"Current prompt:\n<prompt>{parent.template}</prompt>\n\n"
             f"Worst trajectories:\n{render_trajectories(worst)}\n\n"
             f"Best trajectories:\n{render_trajectories(best)}"
         )
@@ -277,7 +493,7 @@ class APO:
         user = f"Prompt:\n<prompt>{template}</prompt>\n\nCritique:\n{critique}"
         for _ in range(self.config.llm_retries + 1):
             text = await self._chat(self.config.editor, EDITOR_SYSTEM, user, seed=seed)
-            candidate = _extract_prompt(text or "", template)
+            candidate = extract_prompt(text or "", template)
             if candidate is not None:
                 return candidate
         return None
@@ -308,21 +524,46 @@ class APO:
         finally:
             await client.close()
 
+    # ----- progress ------------------------------------------------------------------------
+    def _metrics_logger(self, rounds: int | None) -> Any:
+        cfg = self.config
+        if cfg.output_dir is None:
+            return None
+        from agl.metrics import MetricsLogger
+
+        budget = cfg.max_rollouts
+        return MetricsLogger(
+            Path(cfg.output_dir),
+            total_steps=budget or rounds,
+            progress=cfg.progress,
+            console=cfg.progress,
+            shown=("metric_calls", "best_val_score", "leader_probe_score", "candidates"),
+            label="metric calls" if budget else "round",
+            progress_key="metric_calls" if budget else None,
+            plot_x="metric_calls",
+            plot_y=("best_val_score", "leader_probe_score"),
+            title="APO",
+            tensorboard=False,
+        )
+
+    def _log_round(self, metrics: Any, round_no: int) -> None:
+        best, leader = self._best(), self._leader()
+        row = {
+            "round": round_no,
+            "metric_calls": self.rollouts_used,
+            "validation_calls": self.rollouts_by_phase["validation"],
+            "best_val_score": best.score or 0.0,
+            "leader_probe_score": self._prefix_mean(leader),
+            "candidates": len([c for c in self.history if c.val_evaluated >= self._probe]),
+            "llm_calls": self.llm_calls_used,
+        }
+        log.info("APO round %d: %s", round_no, row)
+        if metrics is not None:
+            metrics.log(round_no, row)
+
 
 def _extract_prompt(text: str, original: str) -> str | None:
-    """The prompt between <prompt> tags, if it is non-empty, sane in size and keeps the placeholders."""
-    match = re.search(r"<prompt>(.*?)</prompt>", text, re.S)
-    if match is None:
-        return None
-    prompt = match.group(1).strip()
-    if not prompt or len(prompt) > 20 * max(len(original), 200):
-        return None
-    needed = set(PromptTemplate(template=original).placeholders)
-    try:
-        have = set(PromptTemplate(template=prompt).placeholders)
-    except ValueError:
-        return None
-    return prompt if needed <= have else None
+    return extract_prompt(text, original)
 
 
 async def apo_history(store: LightningStore, prompt_name: str = "prompt") -> list[Candidate]:
@@ -363,4 +604,5 @@ async def apo_history(store: LightningStore, prompt_name: str = "prompt") -> lis
         if ids:
             trajectories = await load_trajectories(store, ids)
             candidate.score = sum(t.reward for t in trajectories) / len(trajectories)
+            candidate.val_evaluated = len(ids)
     return candidates
