@@ -1,0 +1,142 @@
+"""``agl runner`` processes attached to a real ``agl store serve``, and Trainer.fit with only external runners."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agl
+from agl.algorithm.base import Algorithm, TrainingContext
+from agl.cli.runner import load_agent
+from agl.schemas import AttemptStatus, RolloutCreate, RolloutStatus
+from agl.store.client import LightningStoreClient
+from tests.runner.store_process import PYTHON, ROOT, StoreProcess, child_env
+
+pytestmark = pytest.mark.slow
+TOKEN = "runner-test-token"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[StoreProcess]:
+    server = StoreProcess(tmp_path / "store.db", token=TOKEN).start()
+    yield server
+    server.stop()
+
+
+def agl_runner(url: str, agent: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
+    cmd = [PYTHON, "-m", "agl", "runner", "--store", url, "--agent", agent, "--token", TOKEN, *args]
+    return subprocess.Popen(
+        cmd, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    )
+
+
+async def _enqueue(url: str, inputs: Sequence[Any]) -> list[str]:
+    client = LightningStoreClient(url, token=TOKEN)
+    rollouts = await client.enqueue_rollouts([RolloutCreate(input=i) for i in inputs])
+    await client.aclose()
+    return [r.rollout_id for r in rollouts]
+
+
+async def _finished(url: str, ids: list[str]) -> tuple[list[agl.Rollout], set[str]]:
+    """The rollouts after they finish, and the workers whose attempts ran them."""
+    client = LightningStoreClient(url, token=TOKEN)
+    rollouts = await client.wait_for_rollouts(ids, timeout_s=60)
+    workers = set()
+    for rid in ids:
+        for attempt in (await client.query_attempts(rollout_id=rid)).items:
+            workers.add(str(attempt.worker_id))
+    await client.aclose()
+    return rollouts, workers
+
+
+@pytest.mark.timeout(120)
+def test_runner_processes_complete_real_rollouts(served: StoreProcess) -> None:
+    ids = asyncio.run(_enqueue(served.url, list(range(12))))
+    proc = agl_runner(
+        served.url, "tests.runner.store_process:square", "--workers", "2", "--max-rollouts", "6"
+    )
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    rollouts, workers = asyncio.run(_finished(served.url, ids))
+    assert [r.status for r in rollouts] == [RolloutStatus.SUCCEEDED] * 12
+    assert len(workers) == 2  # two worker processes shared the queue
+    assert out.count("6 attempts, 6 succeeded") == 2
+
+
+@pytest.mark.timeout(60)
+def test_agent_may_be_a_lit_agent_class_and_bad_specs_are_explained(served: StoreProcess) -> None:
+    ids = asyncio.run(_enqueue(served.url, [3, 4]))
+    proc = agl_runner(served.url, "tests.runner.store_process:Doubler", "--max-rollouts", "2")
+    out, _ = proc.communicate(timeout=50)
+    assert proc.returncode == 0, out
+    rollouts, _ = asyncio.run(_finished(served.url, ids))
+    assert all(r.status == RolloutStatus.SUCCEEDED for r in rollouts)
+
+    bad = agl_runner(served.url, "no_such_module_xyz:f")
+    out, _ = bad.communicate(timeout=30)
+    assert bad.returncode == 2 and "cannot import 'no_such_module_xyz'" in " ".join(out.split()), out
+    for spec, reason in [
+        ("no_colon", "module:attr"),
+        ("tests.runner.store_process:nothing", "no attribute 'nothing'"),
+        ("tests.runner.store_process:ROOT", "PosixPath"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            load_agent(spec)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_lets_the_in_flight_attempt_finish(served: StoreProcess) -> None:
+    (rid,) = asyncio.run(_enqueue(served.url, [2]))
+    proc = agl_runner(served.url, "tests.runner.store_process:sleepy", "--grace", "20")
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 40
+    while "sleepy started" not in proc.stdout.readline():
+        assert time.monotonic() < deadline and proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert "1 attempts, 1 succeeded" in out
+    (rollout,), _ = asyncio.run(_finished(served.url, [rid]))
+    assert rollout.status == RolloutStatus.SUCCEEDED
+
+
+class Sum(Algorithm):
+    """Runs the tasks as rollouts and sums the rewards; its runners are wherever the store's are."""
+
+    async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> float:
+        done = await ctx.rollouts(train, timeout_s=60)
+        assert all(r.status == RolloutStatus.SUCCEEDED for r, _ in done)
+        return sum(s.attributes[agl.semconv.REWARD_VALUE] for _, spans in done for s in spans)
+
+
+@pytest.mark.timeout(90)
+def test_fit_with_only_external_runners(served: StoreProcess, tmp_path: Path) -> None:
+    proc = agl_runner(served.url, "tests.runner.store_process:square", "--concurrency", "4")
+    try:
+        store = LightningStoreClient(served.url, token=TOKEN)
+        trainer = agl.Trainer(algorithm=Sum(), n_runners=0, store=store, output_dir=str(tmp_path))
+        assert (
+            trainer.fit(agl.rollout(lambda task: 0.0), [1, 2, 3]) == 14.0
+        )  # squares: the external agent ran
+        attempts = asyncio.run(_attempt_statuses(served.url))
+        assert attempts and set(attempts) == {AttemptStatus.SUCCEEDED}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+
+
+async def _attempt_statuses(url: str) -> list[AttemptStatus]:
+    client = LightningStoreClient(url, token=TOKEN)
+    statuses = []
+    for rollout in (await client.query_rollouts()).items:
+        statuses += [a.status for a in (await client.query_attempts(rollout_id=rollout.rollout_id)).items]
+    await client.aclose()
+    return statuses
