@@ -81,23 +81,23 @@ def _double(value: Any, path: str) -> float:
 
 
 def decode_content(body: bytes, encoding: str, max_bytes: int) -> bytes:
-    """The body with its ``Content-Encoding`` undone; gzip is decompressed to at most ``max_bytes``.
+    """The body with its ``Content-Encoding`` (gzip or deflate) undone, decompressed to at most ``max_bytes``.
 
     Raises:
         BodyTooLargeError: the decompressed body exceeds ``max_bytes`` (a zip bomb stops there).
-        StoreError: the encoding is unknown or the gzip data is corrupt.
+        StoreError: the encoding is unknown or the compressed data is corrupt.
     """
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
-    if encoding not in ("gzip", "x-gzip"):
-        raise StoreError(f"Content-Encoding {encoding!r} is not supported; send gzip or an uncompressed body")
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise StoreError(f"Content-Encoding {encoding!r} is not supported; send gzip, deflate or no encoding")
     out: list[bytes] = []
-    size = 0
-    data = body
+    size, data = 0, body
     try:
-        while data:  # a gzip stream may hold several members one after another
-            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        while True:  # a gzip stream may hold several members one after another
+            inflater = zlib.decompressobj(wbits)
             chunk = inflater.decompress(data, max_bytes - size + 1)
             size += len(chunk)
             if size > max_bytes:
@@ -105,14 +105,18 @@ def decode_content(body: bytes, encoding: str, max_bytes: int) -> bytes:
                     f"the decompressed body exceeds {max_bytes} bytes; send smaller batches"
                 )
             if not inflater.eof:
-                raise StoreError("the gzip body is truncated; send the whole compressed body")
+                raise StoreError(f"the {encoding} body is truncated; send the whole compressed body")
             out.append(chunk)
             data = inflater.unused_data
+            if not data:
+                return b"".join(out)
     except zlib.error as exc:
         raise StoreError(
-            f"the body is not valid gzip ({exc}); compress it with gzip or drop Content-Encoding"
+            f"the body is not valid {encoding} ({exc}); fix it or drop Content-Encoding"
         ) from exc
-    return b"".join(out)
+
+
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
 class BodyTooLargeError(StoreError):
