@@ -81,7 +81,7 @@ def test_agent_may_be_a_lit_agent_class_and_bad_specs_are_explained(served: Stor
 
     bad = agl_runner(served.url, "no_such_module_xyz:f")
     out, _ = bad.communicate(timeout=30)
-    assert bad.returncode == 2 and "cannot import 'no_such_module_xyz'" in " ".join(out.split()), out
+    assert bad.returncode == 2 and "no_such_module_xyz" in out and "cannot" in out, out
     for spec, reason in [
         ("no_colon", "module:attr"),
         ("tests.runner.store_process:nothing", "no attribute 'nothing'"),
