@@ -1,11 +1,14 @@
 """The trainer side of GRPO: a HF causal LM (full or LoRA), its log-probs, and one optimizer step.
 
 Micro-batches are cut by a token budget; each adds its share of the batch loss (aggregation weights
-are computed over the whole batch), so accumulation gives the same gradient as one big batch.
+are computed over the whole batch), so accumulation gives the same gradient as one big batch. Under
+torch.distributed each rank backpropagates its shard of the samples and the gradients are summed
+(:mod:`agl.algorithm.grpo.distributed`), which gives the same gradient again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +18,7 @@ from typing import Any
 import torch
 
 from agl.adapter.trajectory import Sample
+from agl.algorithm.grpo import distributed
 from agl.algorithm.grpo.logprobs import token_logprobs
 from agl.algorithm.grpo.loss import LossConfig, grpo_loss, token_weights
 from agl.errors import ConfigError
@@ -32,6 +36,7 @@ class PolicyConfig:
     kl_coef: float = 0.0
     activation_checkpointing: bool = False  # less memory for about a third more compute (NOTES.md)
     seed: int = 0
+    device: str = "cpu"  # "cuda" trains on the GPU
 
 
 @dataclass
@@ -43,6 +48,9 @@ class Batch:
     advantages: torch.Tensor  # (B,), or (B, T-1) per token
     rollout_index: torch.Tensor  # (B,)
     has_old: torch.Tensor  # (B,) whether the engine's logprobs came with the sample
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def collate(
@@ -111,6 +119,8 @@ class Policy:
         model = AutoModelForCausalLM.from_pretrained(
             config.model_path, local_files_only=True, dtype=torch.float32
         )
+        self.device = torch.device(config.device)
+        model.to(self.device)  # type: ignore[arg-type]
         if config.activation_checkpointing:
             enable_activation_checkpointing(model)
         self.reference = None
@@ -118,6 +128,7 @@ class Policy:
             self.reference = AutoModelForCausalLM.from_pretrained(
                 config.model_path, local_files_only=True, dtype=torch.float32
             ).eval()
+            self.reference.to(self.device)  # type: ignore[arg-type]
         if config.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -146,18 +157,34 @@ class Policy:
         return groups
 
     def accumulate(
-        self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
+        self,
+        samples: Sequence[Sample],
+        advantages: Sequence[float],
+        rollout_index: Sequence[int],
+        only: Sequence[int] | None = None,
     ) -> dict[str, float]:
-        """Backpropagate the batch loss into ``.grad`` micro-batch by micro-batch; returns loss, KL, entropy."""
+        """Backpropagate the batch loss into ``.grad`` micro-batch by micro-batch; returns loss, KL, entropy.
+
+        ``only``: backpropagate just these samples' share of the loss (a data-parallel rank's shard);
+        aggregation weights still come from the whole batch, so the shards' gradients sum to the batch's.
+        """
         full = collate(samples, advantages, rollout_index, self.pad_id)
         weights = token_weights(full.mask, self.loss_config.aggregation, full.rollout_index)  # (B, T-1)
-        totals: dict[str, float] = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0}
+        totals: dict[str, float] = {
+            "loss": 0.0,
+            "kl": 0.0,
+            "clip_fraction": 0.0,
+            "entropy": 0.0,
+            "ratio_mean": 0.0,
+        }
         n_tokens = max(float(full.mask.sum()), 1.0)
-        for group in self.micro_batches(samples):
+        mine = list(range(len(samples))) if only is None else list(only)
+        for local in self.micro_batches([samples[i] for i in mine]):
+            group = [mine[i] for i in local]
             part = collate(
                 [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
-            )
-            w = weights[torch.tensor(group), : part.input_ids.shape[1] - 1]  # (b, t-1)
+            ).to(self.device)
+            w = weights[torch.tensor(group), : part.input_ids.shape[1] - 1].to(self.device)  # (b, t-1)
             logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention)
             # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
@@ -173,6 +200,8 @@ class Policy:
             totals["loss"] += float(loss.item())
             totals["kl"] += metrics["kl"] * share
             totals["clip_fraction"] += metrics["clip_fraction"] * share
+            # pi_theta / pi_behaviour: off-policy (stale) samples move it away from 1
+            totals["ratio_mean"] += metrics["ratio_mean"] * share
             totals["entropy"] += float((entropy * part.mask).sum()) / n_tokens
         totals["trained_tokens"] = float(full.mask.sum())
         totals["processed_tokens"] = float(sum(len(s.input_ids) for s in samples))
@@ -184,10 +213,17 @@ class Policy:
         """One optimizer step over ``samples`` (accumulate, clip, AdamW); adds grad norm and tokens/s."""
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = self.accumulate(samples, advantages, rollout_index)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
-        )
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if distributed.active():
+            import torch.distributed as dist
+
+            shards = distributed.shard([len(s.input_ids) for s in samples], dist.get_world_size())
+            metrics = self.accumulate(samples, advantages, rollout_index, only=shards[dist.get_rank()])
+            distributed.all_reduce_grads(params)
+            metrics = distributed.all_reduce_metrics(metrics, self.device)
+        else:
+            metrics = self.accumulate(samples, advantages, rollout_index)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         self.optimizer.step()
         elapsed = time.perf_counter() - started
         return {
@@ -204,7 +240,9 @@ class Policy:
         n_tokens = float(sum(s.num_model_tokens for s in samples))
         total = 0.0
         for group in self.micro_batches(samples):
-            part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id)
+            part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id).to(
+                self.device
+            )
             logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention)
             loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
             loss.backward()

@@ -1,0 +1,272 @@
+"""Data-parallel policy steps over torch.distributed: samples sharded across ranks, gradients summed.
+
+Rank 0 is the process that runs ``Trainer.fit`` (store, engine, gateway, runners, the GRPO loop); ranks
+1..N-1 only train. Each step rank 0 broadcasts the batch; every rank computes the loss's aggregation
+weights over the *whole* batch, backpropagates only its own shard of samples with those weights, and
+the gradients are summed (all-reduce SUM): the sum of the shards' gradients is the single-process
+gradient, for every aggregation. Every rank then clips and steps the same gradient, so the parameters
+stay identical without another broadcast. Gradients are reduced once per step rather than by DDP's
+per-backward hooks, because ranks run different numbers of micro-batches (shards differ in length).
+
+Two ways to start it: ``GRPOConfig(world_size=N)`` makes rank 0 spawn N-1 local worker processes
+(gloo on CPU, nccl with ``device="cuda"``); under ``torchrun`` every rank > 0 calls :func:`serve_worker`
+and rank 0 runs ``Trainer.fit`` with ``GRPOConfig(world_size=N)``, joining the group from the
+environment.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from agl.adapter.trajectory import Sample
+from agl.algorithm.grpo.loss import LossConfig
+from agl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+_WORKER_TIMEOUT = datetime.timedelta(days=7)
+#: metrics that are sums of per-rank parts (each part already weighted by its global share)
+SUMMED_METRICS = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean")
+
+
+def shard(lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Sample indices per rank, balanced by tokens (longest first to the lightest rank); deterministic."""
+    loads = [0] * world_size
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        shards[rank].append(i)
+        loads[rank] += lengths[i]
+    return [sorted(s) for s in shards]
+
+
+def active() -> bool:
+    """Whether a process group of more than one rank is up (the policy then trains its shard only)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_grads(params: Sequence[torch.nn.Parameter]) -> None:
+    """Sum ``.grad`` over ranks in one flat buffer per dtype; a rank without a grad contributes zeros."""
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        by_dtype.setdefault(p.grad.dtype, []).append(p)
+    for group in by_dtype.values():
+        flat = torch.cat([p.grad.reshape(-1) for p in group if p.grad is not None])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for p in group:
+            assert p.grad is not None
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+
+
+def all_reduce_metrics(metrics: dict[str, float], device: torch.device) -> dict[str, float]:
+    keys = [k for k in SUMMED_METRICS if k in metrics]
+    values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return {**metrics, **dict(zip(keys, values.tolist(), strict=True))}
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class _Init:
+    policy: Any  # PolicyConfig
+    loss: LossConfig
+    optimizer_from: str | None  # a checkpoint folder whose optimizer.pt to load
+
+
+def _rank_device(device: str, rank: int) -> str:
+    """One GPU per rank on CUDA (``cuda`` -> ``cuda:<rank>``); CPU ranks share the CPU."""
+    if device.startswith("cuda"):
+        torch.cuda.set_device(rank)
+        return f"cuda:{rank}"
+    return device
+
+
+def serve_worker(
+    rank: int | None = None,
+    world_size: int | None = None,
+    init_method: str = "env://",
+    backend: str | None = None,
+) -> None:
+    """Run a training-only rank until rank 0 says stop; under torchrun call it with no arguments
+    (``backend="nccl"`` when rank 0 trains on ``device="cuda"``). The model and loss come from rank 0.
+    """
+    from agl.algorithm.grpo.policy import Policy
+
+    if not dist.is_initialized():
+        rank = int(os.environ["RANK"]) if rank is None else rank
+        world_size = int(os.environ["WORLD_SIZE"]) if world_size is None else world_size
+        backend = backend or os.environ.get("AGL_DIST_BACKEND", "gloo")
+        # a worker waits for rank 0 through whole rollout phases: no short collective timeout
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=_WORKER_TIMEOUT
+        )
+    rank = dist.get_rank()
+    message = _receive()
+    init: _Init = message[1]
+    device = _rank_device(init.policy.device, rank)
+    policy = Policy(_with_device(init.policy, device), init.loss)
+    if init.optimizer_from:
+        policy.load_optimizer(Path(init.optimizer_from))
+    _sync_state(policy)
+    log.info("rank %d/%d ready (%s)", rank, dist.get_world_size(), device)
+    try:
+        while True:
+            message = _receive()
+            if message[0] == "step":
+                policy.step(*message[1:])
+            elif message[0] == "digest":
+                dist.all_gather_object([None] * dist.get_world_size(), _digest(policy))
+            else:
+                break
+    finally:
+        dist.destroy_process_group()
+
+
+def _with_device(config: Any, device: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(config, device=device)
+
+
+def _receive() -> Any:
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _send(message: tuple[Any, ...]) -> None:
+    dist.broadcast_object_list([message], src=0)
+
+
+def _sync_state(policy: Any) -> None:
+    """Rank 0's parameters and optimizer state everywhere (covers warm starts and resumed optimizers)."""
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            dist.broadcast(p.data, src=0)
+    box = [policy.optimizer.state_dict() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    if dist.get_rank() != 0:
+        policy.optimizer.load_state_dict(box[0])
+
+
+def _digest(policy: Any) -> float:
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in policy.model.parameters()))
+
+
+def _spawned(rank: int, world_size: int, init_method: str, backend: str) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    serve_worker(rank, world_size, init_method, backend)
+
+
+class DistributedPolicy:
+    """Rank 0's handle: a Policy whose ``step`` runs on every rank; other methods act on rank 0's copy.
+
+    ``DistributedPolicy.start(policy, world_size)`` spawns the other ranks (or joins a torchrun group).
+    """
+
+    def __init__(self, policy: Any, processes: list[Any]) -> None:
+        self.policy = policy
+        self._processes = processes
+        self._closed = False
+
+    @classmethod
+    def start(cls, policy: Any, world_size: int, optimizer_from: str | None = None) -> DistributedPolicy:
+        """Bring up ``world_size`` ranks around ``policy`` (this process is rank 0)."""
+        if world_size < 2:
+            raise ConfigError(f"DistributedPolicy needs world_size >= 2, got {world_size}")
+        backend = backend_for(policy.config.device)
+        if backend == "nccl":
+            _rank_device(policy.config.device, 0)
+        if backend == "nccl" and torch.cuda.device_count() < world_size:
+            raise ConfigError(
+                f"world_size={world_size} on CUDA needs that many GPUs, found {torch.cuda.device_count()}"
+            )
+        processes: list[Any] = []
+        if not dist.is_initialized():
+            if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: the other ranks exist
+                if int(os.environ["WORLD_SIZE"]) != world_size or int(os.environ["RANK"]) != 0:
+                    raise ConfigError(
+                        f"GRPOConfig(world_size={world_size}) under torchrun needs WORLD_SIZE={world_size} and "
+                        f"Trainer.fit on RANK 0 only (got WORLD_SIZE={os.environ['WORLD_SIZE']}, "
+                        f"RANK={os.environ['RANK']}); call agl.algorithm.grpo.distributed.serve_worker() "
+                        "on the other ranks"
+                    )
+                dist.init_process_group(backend, init_method="env://")
+            else:
+                init_method = f"tcp://127.0.0.1:{_free_port()}"
+                ctx = mp.get_context("spawn")
+                for rank in range(1, world_size):
+                    proc = ctx.Process(
+                        target=_spawned, args=(rank, world_size, init_method, backend), daemon=True
+                    )
+                    proc.start()
+                    processes.append(proc)
+                dist.init_process_group(backend, init_method=init_method, rank=0, world_size=world_size)
+        elif dist.get_world_size() != world_size or dist.get_rank() != 0:
+            raise ConfigError(
+                f"a process group of {dist.get_world_size()} ranks (this is rank {dist.get_rank()}) is "
+                f"already up; world_size={world_size} must match it and run on rank 0"
+            )
+        _send(("init", _Init(policy.config, policy.loss_config, optimizer_from)))
+        _sync_state(policy)
+        log.info("data-parallel training on %d ranks (%s)", world_size, backend)
+        return cls(policy, processes)
+
+    def step(
+        self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
+    ) -> dict[str, float]:
+        _send(("step", list(samples), list(advantages), list(rollout_index)))
+        return dict(self.policy.step(samples, advantages, rollout_index))
+
+    def check_in_sync(self) -> list[float]:
+        """Every rank's parameter checksum; raises when a rank's parameters drifted from rank 0's."""
+        _send(("digest",))
+        digests: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(digests, _digest(self.policy))
+        if any(abs(d - digests[0]) > 1e-6 * max(1.0, abs(digests[0])) for d in digests):
+            raise RuntimeError(f"data-parallel ranks drifted apart: parameter checksums {digests}")
+        return [float(d) for d in digests]
+
+    def close(self) -> None:
+        """Stop the other ranks and leave the process group (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            _send(("stop",))
+        finally:
+            dist.destroy_process_group()
+            for proc in self._processes:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    log.warning("rank process %s did not stop; terminating it", proc.pid)
+                    proc.terminate()
+
+    def __getattr__(self, name: str) -> Any:  # engine_weights, save, load_optimizer, model, ...
+        return getattr(self.policy, name)
