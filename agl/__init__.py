@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "LitAgent": "agl.agent",
     "Runner": "agl.runner",
     "Trainer": "agl.trainer",
+    "agent_scope": "agl.emit",
     "emit_annotation": "agl.emit",
     "emit_exception": "agl.emit",
     "emit_message": "agl.emit",

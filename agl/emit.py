@@ -11,7 +11,9 @@ import contextlib
 import functools
 import inspect
 import json
+import logging
 import math
+import re
 import secrets
 import time
 import traceback
@@ -21,7 +23,7 @@ from typing import Any, TypeVar, overload
 from agl import semconv as sc
 from agl.errors import AgentError
 from agl.schemas import Span, SpanLink, SpanStatus, StatusCode
-from agl.tracer.context import RolloutContext, current_rollout
+from agl.tracer.context import RolloutContext, agent_context, current_agent, current_rollout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -53,8 +55,9 @@ def _emit(
     trace_id, parent_id = _parent()
     if ctx is not None:
         trace_id = trace_id or ctx.trace_id
-        if ctx.agent_name:
-            attributes.setdefault(sc.AGENT_NAME, ctx.agent_name)
+        agent = current_agent() or ctx.agent_name
+        if agent:
+            attributes.setdefault(sc.AGENT_NAME, agent)
     now = time.time_ns()
     span = Span(
         rollout_id=ctx.rollout_id if ctx else "local",
@@ -178,6 +181,43 @@ def _operation_span(name: str, inputs: Any) -> Iterator[_Operation]:
             span.set_attribute(sc.EXCEPTION_MESSAGE, str(exc))
             span.set_status(Status(OtelStatus.ERROR, str(exc)))
             raise
+
+
+_AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+@contextlib.contextmanager
+def agent_scope(name: str) -> Iterator[None]:
+    """Mark the code inside as agent ``name`` (``with agl.agent_scope("writer"): ...``), for
+    ``GRPOConfig(agent=...)`` and per-agent groups.
+
+    Spans and emitters inside carry the name; openai calls inside are traced (the openai instrumentor
+    is switched on once), and the gateway's record of each call takes the agent of the traced call
+    with the same response id. Without the instrumentor, give the agent its own gateway endpoint
+    instead: ``llm.endpoint_for("writer")``. Scopes nest (the innermost wins) and follow asyncio tasks.
+    """
+    if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
+        raise AgentError(
+            f"agent name must be 1-128 letters, digits or '_.:-', starting with a letter or digit, got {name!r}"
+        )
+    if current_rollout(required=False) is None:
+        with agent_context(name):
+            yield
+        return
+    from agl.tracer.instrument import instrument
+    from agl.tracer.otel import tracer_provider
+
+    if "openai" not in instrument("openai"):  # once per process
+        logging.getLogger(__name__).warning(
+            "agent_scope(%r): openinference-instrumentation-openai is not installed, so gateway calls "
+            "cannot be matched to the scope; pip install 'agl[integrations]' or use llm.endpoint_for(%r)",
+            name,
+            name,
+        )
+    tracer = tracer_provider().get_tracer("agl.emit")
+    with agent_context(name), tracer.start_as_current_span(name) as span:
+        span.set_attribute(sc.AGENT_NAME, name)
+        yield
 
 
 @overload

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from agl.gateway.recording import CallRecord, SpanBatcher, now_ns
 from agl.gateway.upstreams import UpstreamPool
 from agl.gateway.validation import API_PATHS, HTTPError, parse_request, traceparent
 from agl.schemas.rollout import RolloutCreate
+from agl.semconv import AGENT_NAME
 from agl.serving import BackgroundServer
 from agl.store.base import LightningStore
 
@@ -208,6 +210,16 @@ class Gateway:
             parts = path.split("/", 6)  # '', rollout, rid, attempt, aid, v1, rest
             if len(parts) >= 6 and parts[3] == "attempt" and parts[2] and parts[4]:
                 rollout_id, attempt_id, path = parts[2], parts[4], "/" + "/".join(parts[5:])
+                if path.startswith("/agent/"):  # /rollout/<id>/attempt/<id>/agent/<name>/v1: tag the agent
+                    agent, _, rest = path[len("/agent/") :].partition("/")
+                    if not _AGENT.fullmatch(agent):
+                        raise HTTPError(
+                            400,
+                            f"bad agent name {agent!r} in {scope['path']}: use 1-128 letters, digits or '_.:-'",
+                            param="agent",
+                            code="invalid_agent",
+                        )
+                    scope["agl.agent"], path = agent, "/" + rest
             else:
                 raise HTTPError(
                     404, f"unknown path {scope['path']}; use /rollout/<id>/attempt/<id|latest>/v1/..."
@@ -271,6 +283,11 @@ class Gateway:
             target = await self._attribute(rollout_id, attempt_id)
             auth = _header(headers, b"authorization")
             record = None
+            agent = scope.get("agl.agent") or _header(headers, b"x-agl-agent")
+            if agent is not None and not _AGENT.fullmatch(agent):
+                raise HTTPError(
+                    400, f"bad x-agl-agent header {agent!r}", param="x-agl-agent", code="invalid_agent"
+                )
             if target is not None:
                 trace = traceparent(_header(headers, b"traceparent"))
                 record = CallRecord(
@@ -284,6 +301,8 @@ class Gateway:
                     trace_id=trace[0] if trace else None,
                     parent_id=trace[1] if trace else None,
                 )
+                if agent:
+                    record.tags[AGENT_NAME] = agent
             try:
                 request = parse_request(api, raw)
                 if record is not None:
@@ -346,6 +365,9 @@ class Gateway:
         if self.config.attribution_cache_size:
             self._attribution[(rollout_id, attempt_id)] = (attempt_id, rollout.resources_id)
         return rollout_id, attempt_id, rollout.resources_id
+
+
+_AGENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
 def _header(headers: dict[bytes, bytes], name: bytes) -> str | None:

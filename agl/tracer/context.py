@@ -88,6 +88,22 @@ class RolloutContext:
 
 
 _current: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar("agl_rollout", default=None)
+_agent: contextvars.ContextVar[str | None] = contextvars.ContextVar("agl_agent", default=None)
+
+
+def current_agent() -> str | None:
+    """The agent named by the innermost ``agl.agent_scope`` around the calling code, if any."""
+    return _agent.get()
+
+
+@contextlib.contextmanager
+def agent_context(name: str) -> Iterator[None]:
+    """Make ``name`` the current agent inside the block (``agl.agent_scope`` adds its span)."""
+    token = _agent.set(name)
+    try:
+        yield
+    finally:
+        _agent.reset(token)
 
 
 def current_rollout(required: bool = True) -> RolloutContext | None:

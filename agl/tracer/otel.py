@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 
 from agl import semconv as sc
 from agl.schemas import Span, SpanEvent, SpanKind, SpanLink, SpanStatus, StatusCode
-from agl.tracer.context import RolloutContext, current_rollout
+from agl.tracer.context import RolloutContext, current_agent, current_rollout
 from agl.tracer.normalize import normalize_openinference
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ class RolloutSpanProcessor(SpanProcessor):
             return
         span.set_attribute(sc.ROLLOUT_ID, ctx.rollout_id)
         span.set_attribute(sc.ATTEMPT_ID, ctx.attempt_id)
+        agent = current_agent()
+        if agent is not None:  # agl.agent_scope: spans started inside belong to that agent
+            span.set_attribute(sc.AGENT_NAME, agent)
         with self._lock:
             self._open[span.get_span_context().span_id] = ctx
 
