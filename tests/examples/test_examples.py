@@ -51,6 +51,9 @@ def test_calc_demo_smoke_run_on_the_tiny_model(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {"val_accuracy_before", "val_accuracy_after", "grpo_steps", "wall_time_s", "model"} <= set(summary)
     assert 0.0 <= summary["val_accuracy_after"] <= 1.0
+    # the three phases of GRPOConfig(warm_start=...): base, after the warm start, after GRPO
+    assert summary["val_accuracy_after_sft"] is not None and summary["val_tasks"] == 4
+    assert summary["grpo_gain"] == summary["val_accuracy_after"] - summary["val_accuracy_after_sft"]
     assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "metrics.csv").exists()
 
 
