@@ -117,11 +117,13 @@ class Sum(Algorithm):
 
 
 @pytest.mark.timeout(90)
-def test_fit_with_only_external_runners(served: StoreProcess, tmp_path: Path) -> None:
+def test_fit_with_only_external_runners(
+    served: StoreProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGL_STORE_TOKEN", TOKEN)  # fit opens store=URL with it
     proc = agl_runner(served.url, "tests.runner.store_process:square", "--concurrency", "4")
     try:
-        store = LightningStoreClient(served.url, token=TOKEN)
-        trainer = agl.Trainer(algorithm=Sum(), n_runners=0, store=store, output_dir=str(tmp_path))
+        trainer = agl.Trainer(algorithm=Sum(), n_runners=0, store=served.url, output_dir=str(tmp_path))
         assert (
             trainer.fit(agl.rollout(lambda task: 0.0), [1, 2, 3]) == 14.0
         )  # squares: the external agent ran
