@@ -1,0 +1,107 @@
+"""The suite-wide rule of tests/conftest.py: under CI or AGL_REQUIRE_ALL=1 a skip fails the run."""
+
+from __future__ import annotations
+
+import pytest
+
+INNER = """
+import pytest
+
+def test_runs():
+    assert True
+
+def test_skips_inside():
+    pytest.skip("needs the frobnicator service")
+
+@pytest.mark.skipif(True, reason="no GPU here")
+def test_skipif():
+    pass
+
+@pytest.fixture
+def service():
+    pytest.skip("fixture: PostgreSQL is not reachable")
+
+def test_fixture_skips(service):
+    pass
+
+@pytest.mark.optional_dependency("vllm")
+def test_optional():
+    pytest.importorskip("no_such_vllm_module_for_agl")
+
+@pytest.mark.xfail(reason="known bug", strict=True)
+def test_xfail():
+    assert False
+"""
+
+
+@pytest.fixture
+def inner(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    for name in ("CI", "AGL_REQUIRE_ALL", "AGL_OPTIONAL_SKIPS"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_inner=INNER)
+    return pytester
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest("-p", "tests.conftest", "-p", "no:cacheprovider", "-rA", *args)
+
+
+def test_without_the_rule_skips_stay_skips(inner: pytest.Pytester) -> None:
+    result = _run(inner)
+    result.assert_outcomes(passed=1, skipped=4, xfailed=1)
+    result.stdout.fnmatch_lines(["agl: 6 test items collected; require-all off*"])
+
+
+@pytest.mark.parametrize("env", [("AGL_REQUIRE_ALL", "1"), ("CI", "true")])
+def test_every_kind_of_skip_fails_under_the_rule(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, env: tuple[str, str]
+) -> None:
+    monkeypatch.setenv(*env)
+    result = _run(inner)
+    result.assert_outcomes(passed=1, failed=2, errors=2, xfailed=1)  # setup-phase skips: errors
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    for reason in ("frobnicator", "no GPU here", "PostgreSQL is not reachable", "no_such_vllm_module"):
+        result.stdout.fnmatch_lines([f"*skipped under AGL_REQUIRE_ALL/CI*{reason}*"])
+    result.stdout.fnmatch_lines(["agl: 6 test items collected; require-all on*"])
+
+
+def test_agl_require_all_0_overrides_ci(inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("AGL_REQUIRE_ALL", "0")
+    _run(inner).assert_outcomes(passed=1, skipped=4, xfailed=1)
+
+
+def test_an_optional_dependency_skips_only_when_listed_by_name(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGL_REQUIRE_ALL", "1")
+    monkeypatch.setenv("AGL_OPTIONAL_SKIPS", "ray, vllm")
+    _run(inner).assert_outcomes(passed=1, failed=1, errors=2, skipped=1, xfailed=1)
+    monkeypatch.setenv("AGL_OPTIONAL_SKIPS", "ray")
+    _run(inner).assert_outcomes(passed=1, failed=2, errors=2, xfailed=1)
+
+
+def test_a_module_skipped_at_collection_fails_collection(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(
+        test_mod="import pytest\npytest.importorskip('no_such_module_agl')\n\ndef test_x():\n    pass\n",
+        test_ok="def test_y():\n    pass\n",
+    )
+    monkeypatch.setenv("AGL_REQUIRE_ALL", "1")
+    result = _run(pytester)
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # pytest stops on a collection error
+    result.stdout.fnmatch_lines(["*skipped under AGL_REQUIRE_ALL/CI*no_such_module_agl*"])
+    monkeypatch.setenv("AGL_REQUIRE_ALL", "0")
+    _run(pytester).assert_outcomes(passed=1, skipped=1)
+
+
+def test_an_import_error_is_a_collection_error_even_without_the_rule(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("AGL_REQUIRE_ALL", raising=False)
+    pytester.makepyfile(test_broken="import no_such_module_agl\n\ndef test_x():\n    pass\n")
+    result = _run(pytester)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*ModuleNotFoundError*no_such_module_agl*", "*1 error*"])
