@@ -77,17 +77,18 @@ async def shop_agent(task: dict[str, Any], llm: LLM, prompt: PromptTemplate) -> 
         {"role": "system", "content": prompt.template},
         {"role": "user", "content": task["question"]},
     ]
-    first = await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS)
-    reply = first.choices[0].message
-    if reply.tool_calls:
-        call = reply.tool_calls[0]
-        result = lookup(json.loads(call.function.arguments).get("item", "?"))
-        messages += [
-            reply.model_dump(exclude_none=True),
-            {"role": "tool", "tool_call_id": call.id, "content": result},
-        ]
-        await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS)
-    agl.emit_message(f"answered: {task['question']}")
+    with agl.operation("solve", question=task["question"]):  # the tool and message spans nest under it
+        first = await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS)
+        reply = first.choices[0].message
+        if reply.tool_calls:
+            call = reply.tool_calls[0]
+            result = lookup(json.loads(call.function.arguments).get("item", "?"))
+            messages += [
+                reply.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.id, "content": result},
+            ]
+            await client.chat.completions.create(model=llm.model, messages=messages, tools=TOOLS)
+        agl.emit_message(f"answered: {task['question']}")
     return float(task["reward"])
 
 

@@ -108,8 +108,12 @@ def test_a_rollout_shows_its_trace_messages_tool_calls_and_reward(http: httpx.Cl
     assert second_call["detail"]["messages"][-1]["role"] == "tool"
     assert "3 dollars" in second_call["detail"]["messages"][-1]["content"]
     assert second_call["detail"]["response"]["content"].startswith("tool result:")
-    (operation,) = by_category["operation"]
-    assert operation["detail"]["name"] == "lookup" and "3 dollars" in operation["detail"]["output"]
+    solve, lookup = sorted(by_category["operation"], key=lambda s: s["depth"])
+    assert solve["detail"]["name"] == "solve"
+    assert solve["detail"]["input"] == {"question": "use the lookup tool: apple"}
+    assert lookup["detail"]["name"] == "lookup" and "3 dollars" in lookup["detail"]["output"]
+    assert lookup["parent_id"] == solve["span_id"] and lookup["depth"] == solve["depth"] + 1
+    assert by_category["message"][0]["parent_id"] == solve["span_id"]
     assert [s["detail"]["value"] for s in by_category["reward"]] == [0.8]
     assert by_category["message"][0]["detail"]["text"] == "answered: use the lookup tool: apple"
     # tree order: every span comes after its parent, one level deeper
@@ -231,6 +235,7 @@ def _wait_up(url: str, deadline_s: float = 30) -> None:
     raise AssertionError(f"{url} did not come up")
 
 
+@pytest.mark.slow  # two CLI processes start (~15 s on a busy machine)
 def test_agl_store_serve_and_agl_dashboard_commands_serve_the_ui(tmp_path: Any) -> None:
     store_port, ui_port = _free_port(), _free_port()
     store_url = f"http://127.0.0.1:{store_port}"

@@ -108,7 +108,11 @@ def test_a_rollout_shows_its_span_tree_messages_tool_calls_and_reward(page: Any,
     llm = page.locator(".card.llm").first
     assert "Use the lookup tool for every price." in llm.inner_text()  # the system prompt
     assert "use the lookup tool: apple" in llm.inner_text()  # the user message
-    assert "🔧 lookup" in llm.inner_text()  # the tool call the model made
+    assert "tool call lookup(" in llm.inner_text()  # the tool call the model made
+    indents = page.locator("#trace td.name").evaluate_all(
+        "es => es.map(e => [e.innerText.trim(), e.style.paddingLeft])"
+    )
+    assert ["solve", "8px"] in indents and ["lookup", "26px"] in indents  # lookup is drawn under solve
     assert (
         "tool result:" in page.locator(".card.llm").nth(1).inner_text()
     )  # the completion after the tool ran

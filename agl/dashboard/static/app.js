@@ -201,7 +201,8 @@ function rolloutView(rolloutId, params) {
         h("h3", {}, `Span tree and timeline (${data.spans.length} spans)`),
         data.spans.length ? traceTable(data.spans, (id) => { selected = id; flash(id); }) : h("div", { class: "empty" }, "No spans."),
         h("h3", {}, "Transcript"),
-        h("div", { id: "transcript" }, data.spans.filter((sp) => sp.category !== "other").map(card)));
+        h("div", { id: "transcript" }, data.spans.filter((sp) => sp.category !== "other")
+          .sort((a, b) => a.start_ns - b.start_ns || a.sequence_id - b.sequence_id).map(card)));
       if (selected) flash(selected, false);
     },
   };
@@ -227,7 +228,7 @@ function spanLabel(sp) {
   const d = sp.detail;
   if (sp.category === "reward") return `${sp.name} = ${fmtReward(d.value)}`;
   if (sp.category === "llm") return `${sp.name} ${d.model || ""}`;
-  if (sp.category === "operation") return `${sp.name} ${d.name || ""}`;
+  if (sp.category === "operation") return d.name && d.name !== sp.name ? `${sp.name} ${d.name}` : sp.name;
   if (sp.category === "message") return `${sp.name}: ${preview(d.text, 40)}`;
   return sp.name;
 }
@@ -246,7 +247,8 @@ function message(m) {
     m.content ? h("pre", {}, m.content) : null,
     (m.tool_calls || []).map(toolCall));
 }
-const toolCall = (c) => h("div", { class: "tool-call" }, `🔧 ${c.name}(${typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments)})`);
+const toolCall = (c) => h("div", { class: "tool-call" }, h("b", {}, "tool call "),
+  `${c.name}(${typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments)})`);
 
 function card(sp) {
   const d = sp.detail;
@@ -260,13 +262,14 @@ function card(sp) {
       !d.response && d.tool_calls.length ? d.tool_calls.map(toolCall) : null,
       d.error ? h("pre", { class: "mute" }, "error: " + preview(d.error, 400)) : null];
   } else if (sp.category === "reward") {
-    const extra = Object.entries(d.values || {}).map(([k, v]) => `${k}=${fmtReward(v)}`).join("  ");
+    const values = Object.entries(d.values || {});
+    const extra = values.length > 1 ? values.map(([k, v]) => `${k}=${fmtReward(v)}`).join("  ") : "";
     body = [head("Reward", extra), h("div", { class: "big-reward" }, fmtReward(d.value))];
   } else if (sp.category === "message") {
     body = [head("Message"), h("pre", {}, d.text || "")];
   } else if (sp.category === "operation") {
-    body = [head("Operation · " + d.name), h("div", { class: "tool-call" }, "in: " + preview(d.input, 400)),
-      h("div", { class: "tool-call" }, "out: " + preview(d.output, 400))];
+    body = [head("Operation · " + d.name), h("div", { class: "tool-call" }, h("b", {}, "in "), preview(d.input, 400)),
+      d.output !== null && d.output !== undefined ? h("div", { class: "tool-call" }, h("b", {}, "out "), preview(d.output, 400)) : null];
   } else if (sp.category === "exception") {
     body = [head("Exception · " + d.type, d.message), h("pre", { class: "mute" }, d.stacktrace || "")];
   } else {
@@ -337,7 +340,7 @@ function curvesView() {
       view.replaceChildren(
         h("h2", {}, "Training curves"),
         h("div", { class: "charts" },
-          chart("Mean reward per resources version", versionSeries, "resources version"),
+          chart("Mean reward per resources version", versionSeries, "resources version", (v) => "v" + v, true),
           chart("Reward of finished rollouts over time", timeSeries, "time", fmtTime)),
         h("h3", {}, "Per-step metrics (metrics.csv)"),
         metricCharts.length ? h("div", { class: "charts", id: "metric-charts" }, metricCharts)
@@ -358,7 +361,7 @@ function niceTicks(lo, hi, n = 5) {
 }
 
 // A line (or dot) chart drawn as inline SVG; series are [{name, color, points: [[x, y]], dots}].
-function chart(title, series, xLabel, xFormat) {
+function chart(title, series, xLabel, xFormat, integerX) {
   const W = 440, H = 230, L = 48, R = 12, T = 10, B = 34;
   const all = series.flatMap((sr) => sr.points);
   const box = h("div", { class: "panel chart", "data-title": title }, h("div", { class: "title" }, h("b", {}, title)));
@@ -368,14 +371,14 @@ function chart(title, series, xLabel, xFormat) {
   if (x0 === x1) { x0 -= 1; x1 += 1; }
   if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
   const pad = (y1 - y0) * 0.08; y0 -= pad; y1 += pad;
-  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const X = (x) => L + 8 + ((x - x0) / (x1 - x0)) * (W - L - R - 16);
   const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
   for (const t of niceTicks(y0, y1)) {
     svg.append(s("line", { class: "grid", x1: L, x2: W - R, y1: Y(t), y2: Y(t) }),
       s("text", { x: L - 6, y: Y(t) + 4, "text-anchor": "end" }, +t.toFixed(4)));
   }
-  for (const t of niceTicks(x0, x1, 4)) {
+  for (const t of niceTicks(x0, x1, 4).filter((t) => !integerX || Number.isInteger(t))) {
     svg.append(s("text", { x: X(t), y: H - B + 16, "text-anchor": "middle" }, xFormat ? xFormat(t) : +t.toFixed(4)));
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }),
