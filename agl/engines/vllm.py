@@ -5,15 +5,18 @@ vLLM is too heavy for the project venv, so it runs as a subprocess of another Py
 ids and logprobs only when a request asks: callers (the gateway) merge :data:`TOKEN_FIDELITY_FIELDS` into
 each chat body. New weights reach the server as a LoRA hot-load (``load_lora``) or a full restart on a new
 model folder (``restart``); vLLM's in-place ``reload_weights`` RPC is not used because on CPU it leaves the
-linear layers' prepacked oneDNN weights stale (outputs silently keep the old weights).
+linear layers' prepacked oneDNN weights stale (outputs silently keep the old weights). Every completion
+carries the server's ``model_version`` (:mod:`agl.engines.vllm_version`), as the built-in engine's do.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +27,7 @@ from typing import IO, Any
 
 import httpx
 
+from agl.engines import vllm_version
 from agl.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -53,6 +57,14 @@ def find_vllm_python(python: str | Path | None = None) -> Path | None:
     return None
 
 
+@functools.cache
+def _middleware_dir() -> Path:
+    """A folder holding only the version middleware, for the server's PYTHONPATH (vLLM's venv has no agl)."""
+    folder = Path(tempfile.mkdtemp(prefix="agl-vllm-middleware-"))
+    shutil.copyfile(vllm_version.__file__, folder / f"{vllm_version.MODULE_NAME}.py")
+    return folder
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
@@ -63,7 +75,8 @@ class VllmServer:
     """``VllmServer(model_dir).start()`` runs ``python -m vllm.entrypoints.openai.api_server`` until ``stop()``.
 
     ``base_url`` ends in /v1. The server log goes to ``log_path`` (a temp file by default). The server and
-    its engine-core workers share one process group, which ``stop()`` ends as a whole.
+    its engine-core workers share one process group, which ``stop()`` ends as a whole. Responses carry
+    ``model_version`` (``model_version`` at start, then :meth:`set_model_version`).
     """
 
     def __init__(
@@ -83,6 +96,7 @@ class VllmServer:
         kv_cache_gib: int = 1,
         extra_args: list[str] | None = None,
         log_path: str | Path | None = None,
+        model_version: str = "v0",
     ) -> None:
         self.model = Path(model)
         self.python = python
@@ -98,6 +112,7 @@ class VllmServer:
         self.kv_cache_gib = kv_cache_gib
         self.extra_args = list(extra_args or [])
         self.log_path = Path(log_path) if log_path else None
+        self.model_version = model_version
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -114,7 +129,7 @@ class VllmServer:
         cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model)]
         cmd += ["--served-model-name", self.served_model_name, "--host", self.host, "--port", str(self.port)]
         cmd += ["--max-model-len", str(self.max_model_len), "--dtype", self.dtype, "--seed", str(self.seed)]
-        cmd += ["--enforce-eager"]
+        cmd += ["--enforce-eager", "--middleware", f"{vllm_version.MODULE_NAME}.ModelVersionMiddleware"]
         if self.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
             cmd += ["--max-loras", str(self.max_loras)]
@@ -122,6 +137,10 @@ class VllmServer:
 
     def environment(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib)}
+        env[vllm_version.ENV_VERSION] = self.model_version
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_middleware_dir()), os.environ.get("PYTHONPATH")) if p
+        )
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         return env
@@ -176,7 +195,9 @@ class VllmServer:
         except httpx.TransportError:
             return False
 
-    def restart(self, model: str | Path | None = None, timeout_s: float = 300.0) -> VllmServer:
+    def restart(
+        self, model: str | Path | None = None, timeout_s: float = 300.0, *, model_version: str | None = None
+    ) -> VllmServer:
         """Full weight update: stop, then serve ``model`` (a new HF folder) on the same port and name.
 
         LoRA adapters loaded before are gone afterwards; load them again if still wanted.
@@ -184,7 +205,26 @@ class VllmServer:
         self.stop()
         if model is not None:
             self.model = Path(model)
+        if model_version is not None:
+            self.model_version = model_version
         return self.start(timeout_s)
+
+    def set_model_version(self, version: str, aliases: dict[str, str] | None = None) -> None:
+        """The version later responses carry (set it after a LoRA hot-load, while no call is in flight).
+
+        ``aliases`` (when given) replace the model-name rewrites: ``{"policy": "policy@v3"}`` sends
+        requests for ``policy`` to the adapter loaded as ``policy@v3`` (vLLM refuses an adapter named
+        like the base model).
+        """
+        self._require_running()
+        url = f"http://{self.host}:{self.port}{vllm_version.ADMIN_PATH}"
+        body: dict[str, Any] = {"model_version": version}
+        if aliases is not None:
+            body["model_aliases"] = aliases
+        resp = httpx.post(url, json=body, timeout=30)
+        if resp.status_code != 200:
+            raise ConfigError(f"vLLM at {self.base_url} refused model_version {version!r}: {resp.text[:300]}")
+        self.model_version = version
 
     def models(self) -> list[str]:
         """Ids the server answers to: the base ``served_model_name`` and every loaded LoRA name."""

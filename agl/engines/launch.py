@@ -1,0 +1,300 @@
+"""Serving engines for ``Trainer.fit``: which engine serves the policy, how many replicas, how weights reach them.
+
+``Trainer(engine=BuiltinEngine())`` (the default) or ``Trainer(engine=VllmEngine(replicas=2))``.
+:func:`start_engines` starts the replicas (here, or through a :class:`Placer` such as Ray actors) and
+returns :class:`ServedEngines`: the gateway's upstreams plus ``sync``, which pushes the trainer's weights
+after a step and returns the version the next responses carry. vLLM replicas get a LoRA hot-load when the
+algorithm trains LoRA (``lora_rank > 0``) and a full restart on saved weights otherwise; the gateway is
+paused and drained around either, so each response's ``model_version`` names the weights that made it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from agl.errors import ConfigError
+from agl.gateway.config import UpstreamConfig
+
+logger = logging.getLogger(__name__)
+
+POLICY = "policy"  # the model name agents call; vLLM serves the base under it, the adapter as policy@vN
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".safetensors.index.json", ".bin.index.json")
+
+
+@dataclass(frozen=True)
+class BuiltinEngine:
+    """The built-in engine, in the trainer's process (the default). ``options`` go to ``EngineServer``."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VllmEngine:
+    """``replicas`` vLLM servers (data parallel) behind the gateway.
+
+    ``python`` is a Python with vllm (default: ``.venv-vllm`` from ``scripts/setup_vllm.sh``, or env
+    ``AGL_VLLM_PYTHON``). ``max_lora_rank`` defaults to the algorithm's ``lora_rank`` rounded up to a
+    rank vLLM accepts. ``extra_args`` are appended to the server command line (e.g. GPU flags).
+    """
+
+    replicas: int = 1
+    python: str | None = None
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    kv_cache_gib: int = 1
+    max_lora_rank: int | None = None
+    extra_args: tuple[str, ...] = ()
+    start_timeout_s: float = 600.0
+    drain_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"VllmEngine.replicas must be >= 1, got {self.replicas}")
+        if self.max_model_len < 16:
+            raise ConfigError(f"VllmEngine.max_model_len must be >= 16, got {self.max_model_len}")
+        if self.max_lora_rank is not None and self.max_lora_rank not in _VLLM_LORA_RANKS:
+            raise ConfigError(
+                f"VllmEngine.max_lora_rank must be one of {_VLLM_LORA_RANKS}, got {self.max_lora_rank}"
+            )
+
+
+EngineSpec = BuiltinEngine | VllmEngine
+
+
+class BuiltinReplica(Protocol):
+    """A running built-in engine (``EngineServer`` or a remote handle to one)."""
+
+    @property
+    def base_url(self) -> str: ...
+    def update_weights(self, source: dict[str, Any]) -> str: ...
+    def stop(self) -> None: ...
+
+
+class VllmReplica(Protocol):
+    """A running vLLM server (``VllmServer`` or a remote handle to one)."""
+
+    @property
+    def base_url(self) -> str: ...
+    def restart(
+        self, model: str | Path | None = None, timeout_s: float = 300.0, *, model_version: str | None = None
+    ) -> Any: ...
+    def load_lora(self, name: str, path: str | Path) -> None: ...
+    def unload_lora(self, name: str, *, missing_ok: bool = False) -> None: ...
+    def set_model_version(self, version: str, aliases: dict[str, str] | None = None) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Placer(Protocol):
+    """Where replicas run: ``LocalPlacer`` (this process) or e.g. ``agl.trainer.ray.RayPlacer``."""
+
+    def builtin(self, model_path: str, options: Mapping[str, Any]) -> BuiltinReplica: ...
+    def vllm(self, server_options: dict[str, Any], timeout_s: float) -> VllmReplica: ...
+
+
+class LocalPlacer:
+    """Replicas in (or, for vLLM, as subprocesses of) the trainer's process."""
+
+    def builtin(self, model_path: str, options: Mapping[str, Any]) -> BuiltinReplica:
+        from agl.engines.builtin.server import EngineServer
+
+        return EngineServer(model_path, **options).start()
+
+    def vllm(self, server_options: dict[str, Any], timeout_s: float) -> VllmReplica:
+        from agl.engines.vllm import VllmServer
+
+        return VllmServer(**server_options).start(timeout_s)
+
+
+class Pausable(Protocol):
+    """The gateway's drain control (``agl.gateway.Gateway``)."""
+
+    async def pause(self, timeout_s: float | None = None) -> dict[str, float]: ...
+    async def resume(self) -> None: ...
+
+
+class ServedEngines:
+    """Running replicas: ``upstreams`` for the gateway, ``sync`` for new weights, ``stop``."""
+
+    def __init__(self, replicas: list[Any], upstreams: list[UpstreamConfig]) -> None:
+        self.replicas = replicas
+        self.upstreams = upstreams
+
+    async def sync(self, state: dict[str, Any], gateway: Pausable | None = None) -> str:
+        """Push ``state`` (the trainer's full weights) to every replica; returns the new model version."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        for replica in self.replicas:
+            try:
+                replica.stop()
+            except Exception:  # one replica failing to stop must not leave the others running
+                logger.exception("stopping engine replica %s failed", replica.base_url)
+
+
+class _BuiltinEngines(ServedEngines):
+    async def sync(self, state: dict[str, Any], gateway: Pausable | None = None) -> str:
+        # the built-in engine swaps weights between batches and stamps versions itself: no pause needed
+        versions = await asyncio.gather(*(asyncio.to_thread(r.update_weights, state) for r in self.replicas))
+        return str(versions[0])
+
+
+class _VllmEngines(ServedEngines):
+    def __init__(
+        self,
+        replicas: list[Any],
+        spec: VllmEngine,
+        model_path: Path,
+        work_dir: Path,
+        save_adapter: Callable[[Path], None] | None,
+    ) -> None:
+        super().__init__(replicas, [UpstreamConfig(url=r.base_url, kind="vllm") for r in replicas])
+        self.spec, self.model_path, self.work_dir = spec, model_path, work_dir
+        self.save_adapter = save_adapter
+        self.updates = 0
+        self._previous: Path | None = None
+
+    async def sync(self, state: dict[str, Any], gateway: Pausable | None = None) -> str:
+        self.updates += 1
+        version = f"v{self.updates}"
+        lora = self.save_adapter is not None
+        folder = self.work_dir / ("lora" if lora else "weights") / version
+        if self.save_adapter is not None:
+            await asyncio.to_thread(self.save_adapter, folder)
+        else:
+            await asyncio.to_thread(save_model_folder, state, self.model_path, folder)
+        if gateway is not None:
+            await gateway.pause(self.spec.drain_timeout_s)
+        try:
+            await asyncio.gather(
+                *(asyncio.to_thread(self._update, r, folder, version) for r in self.replicas)
+            )
+        finally:
+            if gateway is not None:
+                await gateway.resume()
+        if self._previous is not None:  # the servers have what they need from it
+            shutil.rmtree(self._previous, ignore_errors=True)
+        self._previous = folder
+        logger.info("vLLM replicas now serve %s (%s)", version, "LoRA hot-load" if lora else "restart")
+        return version
+
+    def _update(self, replica: VllmReplica, folder: Path, version: str) -> None:
+        if self.save_adapter is not None:
+            adapter = f"{POLICY}@{version}"
+            replica.load_lora(adapter, folder)
+            replica.set_model_version(version, {POLICY: adapter})  # requests for policy now use it
+            if self.updates > 1:
+                replica.unload_lora(f"{POLICY}@v{self.updates - 1}", missing_ok=True)
+        else:
+            replica.restart(folder, self.spec.start_timeout_s, model_version=version)
+
+
+def save_model_folder(state: dict[str, Any], base: Path, out: Path) -> Path:
+    """A servable HF folder: ``state`` as safetensors plus ``base``'s config and tokenizer files."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    for item in base.iterdir():
+        if item.is_file() and not item.name.endswith(_WEIGHT_FILES):
+            shutil.copy2(item, out / item.name)
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in state.items():
+        t = tensor.detach().to("cpu").contiguous()
+        if t.data_ptr() in seen:  # tied weights share storage; safetensors refuses shared tensors
+            t = t.clone()
+        seen.add(t.data_ptr())
+        tensors[name] = t
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def lora_rank_of(algorithm: Any) -> int:
+    """The algorithm's LoRA rank (``config.lora_rank``, as GRPO has); 0 when it trains full weights."""
+    return int(getattr(getattr(algorithm, "config", None), "lora_rank", 0) or 0)
+
+
+def adapter_saver(algorithm: Any) -> Callable[[Path], None]:
+    """Saves the algorithm's current LoRA adapter (its ``policy.model``, a PEFT model) as a PEFT folder."""
+
+    def save(folder: Path) -> None:
+        model = getattr(getattr(algorithm, "policy", None), "model", None)
+        if model is None or not hasattr(model, "peft_config"):
+            raise ConfigError(
+                f"{type(algorithm).__name__} trains LoRA but has no PEFT policy.model to save an adapter "
+                "from; use lora_rank=0 (full reload) with VllmEngine"
+            )
+        model.save_pretrained(str(folder))
+
+    return save
+
+
+async def start_engines(
+    spec: EngineSpec | None,
+    model_path: str,
+    *,
+    algorithm: Any = None,
+    work_dir: Path,
+    placer: Placer | None = None,
+) -> ServedEngines:
+    """Start the replicas ``spec`` names for ``model_path`` (in parallel) and return them running."""
+    spec = spec or BuiltinEngine()
+    placer = placer or LocalPlacer()
+    if isinstance(spec, BuiltinEngine):
+        replica = await asyncio.to_thread(placer.builtin, model_path, dict(spec.options))
+        return _BuiltinEngines([replica], [UpstreamConfig(url=replica.base_url, kind="agl")])
+    if not isinstance(spec, VllmEngine):
+        raise ConfigError(f"engine must be BuiltinEngine(...) or VllmEngine(...), got {type(spec).__name__}")
+    rank = lora_rank_of(algorithm)
+    max_rank = spec.max_lora_rank or next((r for r in _VLLM_LORA_RANKS if r >= rank), rank)
+    if rank > max_rank:
+        raise ConfigError(f"the algorithm's lora_rank={rank} exceeds VllmEngine.max_lora_rank={max_rank}")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    options: dict[str, Any] = {
+        "model": model_path,
+        "python": spec.python,
+        "served_model_name": POLICY,
+        "max_model_len": spec.max_model_len,
+        "dtype": spec.dtype,
+        "kv_cache_gib": spec.kv_cache_gib,
+        "enable_lora": rank > 0,
+        "max_lora_rank": max_rank,
+        "max_loras": 2,  # the new adapter loads before the old one is dropped
+        "extra_args": list(spec.extra_args),
+    }
+    started = await asyncio.gather(
+        *(
+            asyncio.to_thread(
+                placer.vllm, {**options, "log_path": work_dir / f"vllm-{i}.log"}, spec.start_timeout_s
+            )
+            for i in range(spec.replicas)
+        ),
+        return_exceptions=True,
+    )
+    replicas = [r for r in started if not isinstance(r, BaseException)]
+    errors = [r for r in started if isinstance(r, BaseException)]
+    if errors:
+        ServedEngines(replicas, []).stop()
+        raise errors[0]
+    saver = adapter_saver(algorithm) if rank > 0 else None
+    return _VllmEngines(replicas, spec, Path(model_path), work_dir, saver)
+
+
+__all__ = [
+    "POLICY",
+    "BuiltinEngine",
+    "EngineSpec",
+    "LocalPlacer",
+    "Placer",
+    "ServedEngines",
+    "VllmEngine",
+    "lora_rank_of",
+    "save_model_folder",
+    "start_engines",
+]

