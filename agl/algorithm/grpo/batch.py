@@ -155,7 +155,7 @@ def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], confi
         "zero_variance_groups": float(len(flat)),
         "overlong_samples": float(too_long),
         "samples": float(len(samples)),
-        "samples_per_rollout": report.samples_per_rollout,
+        "samples_per_rollout": report.samples / len(ok) if ok else 0.0,
         "merged_fraction": report.merged_fraction,
         "calls_without_token_ids": float(report.skipped_no_token_ids),
         **{f"mismatch_{k}": float(v) for k, v in report.mismatches.items()},
