@@ -155,7 +155,7 @@ def _response_view(api: str, body: dict[str, Any]) -> dict[str, Any]:
         out[sc.LLM_RESPONSE_MESSAGE] = {k: message.get(k) for k in ("role", "content", "tool_calls")}
         out[sc.LLM_TOOL_CALLS] = message["tool_calls"]
         out[sc.LLM_FINISH_REASON] = choice.get("finish_reason")
-    out.update(_tokens(api, body, choice))
+    out.update(_tokens(api, body, body if api == "responses" else choice))  # Responses: ids at the top
     lean = {k: v for k, v in body.items() if k not in _TOKEN_FIELDS}  # token data lives in its own keys
     if isinstance(choices, list):
         lean["choices"] = [
@@ -200,7 +200,7 @@ def build_span(record: CallRecord) -> Span:
         except orjson.JSONDecodeError:
             body = None
     if isinstance(body, dict):
-        if record.status_code < 400 and "error" not in body:
+        if record.status_code < 400 and body.get("error") is None:  # Responses bodies carry "error": null
             attrs.update(_response_view(record.api, body))
         else:
             attrs[sc.LLM_RESPONSE] = body

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server over an :class:`Engine`, and an in-process form for tests and trainers.
 
-Routes: ``POST /v1/chat/completions`` (incl. ``stream``), ``POST /v1/completions``, ``GET /v1/models``,
+Routes: ``POST /v1/chat/completions`` (incl. ``stream``), ``POST /v1/completions``, ``POST /v1/responses``
+(incl. ``stream``), ``GET /v1/models``,
 ``GET /health``, ``POST /v1/weights``. Bad input answers 400 with an OpenAI error body naming the field.
 Any ``model`` name is accepted: one engine serves one model.
 """
@@ -29,6 +30,7 @@ from agl.engines.builtin.protocol import (
     chat_logprobs,
     completion_logprobs,
 )
+from agl.engines.builtin.responses import ResponsesRequest, response_body, stream_events, to_chat
 from agl.errors import ConfigError, InvalidRequestError
 from agl.serving import BackgroundServer
 
@@ -92,6 +94,7 @@ async def _chat_stream(
     head["model"] = req.model or engine.model_name
     started: set[int] = set()
     first = True
+    out: dict[str, Any]
     async for item in stream:
         if isinstance(item, Generation):
             if req.tools:
@@ -106,7 +109,10 @@ async def _chat_stream(
                         chat_logprobs(engine.tokenizer, choice),
                         choice.token_ids,
                     )
-                    yield _sse({**head, "model_version": item.model_version, "choices": [chunk]})
+                    out = {**head, "model_version": item.model_version, "choices": [chunk]}
+                    if first:  # vLLM's shape: the prompt's ids ride on the first chunk
+                        out["prompt_token_ids"], first = prompt, False
+                    yield _sse(out)
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield _sse(
                     {**head, "choices": [], "usage": _usage(item), "model_version": item.model_version}
@@ -125,7 +131,7 @@ async def _chat_stream(
         ]
         chunk = {"index": item.index, "delta": delta, "finish_reason": item.finish_reason}
         chunk["logprobs"], chunk["token_ids"] = {"content": entries}, item.token_ids
-        out: dict[str, Any] = {**head, "model_version": engine.model_version, "choices": [chunk]}
+        out = {**head, "model_version": engine.model_version, "choices": [chunk]}
         if first:
             out["prompt_token_ids"], first = prompt, False
         yield _sse(out)
@@ -205,6 +211,17 @@ def build_app(engine: Engine) -> FastAPI:
             "model_version": gen.model_version,
         }
         return Response(orjson.dumps(body), media_type="application/json")
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest) -> Response:
+        messages, tools = to_chat(req)
+        prompt = engine.encode_chat(messages, tools)
+        engine.check_prompt(prompt, "input")
+        if req.stream:
+            stream = engine.stream(prompt, req.sampling(), tools=tools)
+            return StreamingResponse(stream_events(engine, req, stream), media_type="text/event-stream")
+        gen = await engine.generate(prompt, req.sampling(), tools=tools)
+        return Response(orjson.dumps(response_body(engine, req, gen)), media_type="application/json")
 
     @app.post("/v1/weights")
     async def weights(req: WeightsRequest) -> JSONResponse:
