@@ -130,6 +130,7 @@ def serve_worker(
     init: _Init = message[1]
     device = _rank_device(init.policy.device, rank)
     policy = Policy(_with_device(init.policy, device), init.loss)
+    policy.data_parallel = True
     if init.optimizer_from:
         policy.load_optimizer(Path(init.optimizer_from))
     _sync_state(policy)
@@ -235,6 +236,7 @@ class DistributedPolicy:
             )
         _send(("init", _Init(policy.config, policy.loss_config, optimizer_from)))
         _sync_state(policy)
+        policy.data_parallel = True
         log.info("data-parallel training on %d ranks (%s)", world_size, backend)
         return cls(policy, processes)
 
@@ -258,6 +260,7 @@ class DistributedPolicy:
         if self._closed:
             return
         self._closed = True
+        self.policy.data_parallel = False
         try:
             _send(("stop",))
         finally:

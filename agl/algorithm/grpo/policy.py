@@ -120,6 +120,7 @@ class Policy:
             config.model_path, local_files_only=True, dtype=torch.float32
         )
         self.device = torch.device(config.device)
+        self.data_parallel = False  # set by agl.algorithm.grpo.distributed on every rank of a group
         model.to(self.device)  # type: ignore[arg-type]
         if config.activation_checkpointing:
             enable_activation_checkpointing(model)
@@ -214,7 +215,7 @@ class Policy:
         started = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        if distributed.active():
+        if self.data_parallel and distributed.active():
             import torch.distributed as dist
 
             shards = distributed.shard([len(s.input_ids) for s in samples], dist.get_world_size())

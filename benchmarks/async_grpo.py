@@ -1,0 +1,171 @@
+"""Synchronous vs asynchronous GRPO through ``Trainer.fit``, side by side: same seed, tasks and steps.
+
+For each mode: median wall time per step, median trainer idle time per step (waiting for rollouts),
+rollout throughput (train rollouts / loop seconds) and the final reward (mean of the last steps'
+``reward_mean``). Async runs with ``GRPOConfig(async_rollouts=True, max_staleness=N)``.
+
+    .venv/bin/python benchmarks/async_grpo.py --steps 6
+    .venv/bin/python benchmarks/async_grpo.py --steps 6 --tool-latency-s 0.5   # agents that wait on tools
+    .venv/bin/python benchmarks/async_grpo.py --model smollm2 --steps 4 --json results/async_grpo.jsonl
+
+The tiny model's task rewards completion tokens with ids below 512 (learnable in a few steps); SmolLM2's
+is small sums. ``--tool-latency-s`` makes each rollout sleep that long after its model call, like an
+agent waiting on a tool or an environment: time the runners spend not generating.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import openai  # noqa: E402
+
+import agl  # noqa: E402
+from agl.algorithm.grpo import GRPO, GRPOConfig  # noqa: E402
+
+TARGET = 512
+
+
+@agl.rollout
+async def bench_agent(task: dict[str, Any], llm: agl.LLM) -> float:
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+    try:
+        reply = await client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": task["prompt"]}],
+            max_tokens=task["max_tokens"],
+        )
+    finally:
+        await client.close()
+    if task["latency_s"]:
+        await asyncio.sleep(task["latency_s"])
+    choice = reply.choices[0]
+    if task["kind"] == "low_ids":
+        ids = (choice.model_extra or {}).get("token_ids") or []
+        return sum(t < TARGET for t in ids) / max(len(ids), 1)
+    numbers = re.findall(r"-?\d+", choice.message.content or "")
+    return 1.0 if task["answer"] in numbers else (0.1 if numbers else 0.0)
+
+
+def make_tasks(model: str, n: int, latency_s: float, max_tokens: int) -> list[dict[str, Any]]:
+    rng = random.Random(0)
+    tasks = []
+    for i in range(n):
+        a, b = rng.randrange(1, 20), rng.randrange(1, 20)
+        if model == "tiny":
+            prompt, answer, kind = f"Say something about {a} and {b} (#{i}).", "", "low_ids"
+        else:
+            prompt, answer, kind = f"What is {a} + {b}? Reply with the number only.", str(a + b), "sum"
+        tasks.append(
+            {
+                "prompt": prompt,
+                "answer": answer,
+                "kind": kind,
+                "latency_s": latency_s,
+                "max_tokens": max_tokens,
+            }
+        )
+    return tasks
+
+
+def run_mode(
+    args: argparse.Namespace, model_path: str, tasks: list[dict[str, Any]], asynchronous: bool
+) -> dict[str, Any]:
+    config = GRPOConfig(
+        model_path=model_path,
+        steps=args.steps,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        lr=args.lr,
+        eval_every=0,
+        seed=0,
+        async_rollouts=asynchronous,
+        max_staleness=args.max_staleness,
+    )
+    with tempfile.TemporaryDirectory() as out:
+        started = time.perf_counter()
+        result = agl.Trainer(algorithm=GRPO(config), n_runners=args.runners, output_dir=out).fit(
+            bench_agent, tasks, []
+        )
+        wall = time.perf_counter() - started
+    history = result["history"]
+    loop_s = sum(row["step_time_s"] for row in history)
+    tail = history[-args.final_steps :]
+    return {
+        "mode": f"async(max_staleness={args.max_staleness})" if asynchronous else "sync",
+        "step_s_median": statistics.median(row["step_time_s"] for row in history),
+        "idle_s_median": statistics.median(row["trainer_idle_s"] for row in history),
+        "idle_share": sum(row["trainer_idle_s"] for row in history) / loop_s,
+        "update_s_median": statistics.median(row.get("update_time_s", 0.0) for row in history),
+        "rollouts_per_s": sum(row["rollouts"] for row in history) / loop_s,
+        "final_reward": sum(row["reward_mean"] for row in tail) / len(tail),
+        "first_reward": history[0]["reward_mean"],
+        "staleness_mean": statistics.fmean(row["staleness_mean"] for row in history),
+        "loop_s": loop_s,
+        "fit_wall_s": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2 or a local model folder")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--tasks-per-step", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--runners", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=None, help="default: 3e-2 tiny, 1e-5 otherwise")
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--tool-latency-s", type=float, default=0.0)
+    parser.add_argument("--final-steps", type=int, default=2, help="steps averaged for the final reward")
+    parser.add_argument("--async-first", action="store_true", help="run async before sync (order bias check)")
+    parser.add_argument("--json", type=Path, default=None, help="append the rows to this JSONL file")
+    args = parser.parse_args()
+    if args.model == "tiny":
+        model_path = str(agl.models.tiny_model())
+    elif args.model == "smollm2":
+        model_path = str(agl.models.smollm2())
+    else:
+        model_path = args.model
+    args.lr = args.lr if args.lr is not None else (3e-2 if args.model == "tiny" else 1e-5)
+    kind = "tiny" if args.model == "tiny" else "chat"
+    tasks = make_tasks(kind, 12, args.tool_latency_s, args.max_tokens)
+    load = os.getloadavg()
+    order = (True, False) if args.async_first else (False, True)
+    rows = [run_mode(args, model_path, tasks, asynchronous) for asynchronous in order]
+    sync, asy = rows[::-1] if args.async_first else rows
+    summary = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "model": args.model,
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+        "step_time_ratio_sync_over_async": sync["step_s_median"] / asy["step_s_median"],
+        "throughput_ratio_async_over_sync": asy["rollouts_per_s"] / sync["rollouts_per_s"],
+    }
+    for row in [*rows, summary]:
+        line = json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+        print(line, flush=True)
+        if args.json is not None:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            with args.json.open("a") as f:
+                f.write(line + "\n")
+
+
+if __name__ == "__main__":
+    main()
