@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from agl import errors
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.dashboard import views
-from agl.schemas import Rollout, RolloutStatus
+from agl.schemas import Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ STATIC = Path(__file__).parent / "static"
 PREFIX = "/ui"
 #: finished rollouts the reward charts look back over (newest first)
 CURVE_ROLLOUTS = 5000
+#: uncached rollouts beyond which rewards are read by one scan of the store's reward spans
+BULK_AFTER = 64
+#: how long one computation of the curves serves every poll (several tabs, the resources page)
+CURVES_TTL_S = 1.5
 _FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
 Handler = Callable[[Request], Awaitable[Any]]
 
@@ -100,7 +105,28 @@ class RewardCache:
         return reward
 
     async def rewards(self, rollouts: list[Rollout]) -> list[float | None]:
+        missing = [r for r in rollouts if r.rollout_id not in self._done]
+        if len(missing) > BULK_AFTER:  # one scan of all reward spans beats thousands of small queries
+            await self._scan(missing)
         return list(await asyncio.gather(*(self._read(r) for r in rollouts)))
+
+    async def _scan(self, rollouts: list[Rollout]) -> None:
+        wanted = {r.rollout_id: r for r in rollouts if r.status.is_terminal}
+        found: dict[str, list[Span]] = {}
+        cursor = None
+        while True:
+            page = await self.store.query_spans(
+                attempt_id="latest", name=sc.SPAN_REWARD, limit=10_000, cursor=cursor
+            )
+            for span in page.items:
+                if span.rollout_id in wanted:
+                    found.setdefault(span.rollout_id, []).append(span)
+            if (cursor := page.next_cursor) is None:
+                break
+        if len(self._done) + len(wanted) >= self.max_entries:
+            self._done.clear()
+        for rollout_id in wanted:
+            self._done[rollout_id] = final_reward(found.get(rollout_id, []))
 
 
 def create_dashboard(
@@ -209,7 +235,14 @@ def create_dashboard(
             "diff": views.resources_diff(old, version),
         }
 
+    last_curves: list[Any] = [0.0, None]  # (monotonic time, answer)
+
     async def curves(request: Request) -> dict[str, Any]:
+        if last_curves[1] is None or time.monotonic() - last_curves[0] > CURVES_TTL_S:
+            last_curves[:] = [time.monotonic(), await compute_curves()]
+        return last_curves[1]  # type: ignore[no-any-return]
+
+    async def compute_curves() -> dict[str, Any]:
         """Reward of recently finished rollouts, over time and as a mean per resources version and mode."""
         found: list[Rollout] = []
         cursor = None

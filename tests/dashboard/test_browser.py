@@ -79,7 +79,11 @@ def test_without_a_token_the_page_asks_for_one(browser: Any, filled: Filled) -> 
     anon = context.new_page()
     anon.goto(f"{filled.url}/ui/")
     anon.locator("#banner").get_by_text("This store needs a token").wait_for()
-    anon.fill("#token-input", TOKEN)
+    anon.screenshot(path=SHOTS / "token.png")
+    anon.type("#token-input", TOKEN[:4])
+    anon.wait_for_timeout(2500)  # a poll in between must not wipe what is being typed
+    anon.type("#token-input", TOKEN[4:])
+    assert anon.input_value("#token-input") == TOKEN
     anon.get_by_role("button", name="Use token").click()
     anon.locator("#rollouts tr[data-rollout]").first.wait_for()
     context.close()
@@ -127,6 +131,7 @@ def test_a_failed_rollout_shows_its_attempts_and_exception(page: Any, filled: Fi
     page.locator("#attempts tbody tr").nth(1).wait_for()
     assert page.locator("#attempts tbody tr").count() == 2
     assert "the task asked to fail" in page.locator(".card.exception").first.inner_text()
+    page.screenshot(path=SHOTS / "rollout-failed.png", full_page=True)
     page.locator("#attempts tbody tr").first.click()
     page.wait_for_function("document.querySelector('#attempts tbody tr').classList.contains('selected')")
 

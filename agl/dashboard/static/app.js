@@ -115,7 +115,8 @@ const banner = document.getElementById("banner");
 function showBanner(...content) { banner.replaceChildren(...content); banner.hidden = false; }
 function hideBanner() { banner.hidden = true; }
 function askToken(message) {
-  const input = h("input", { type: "text", placeholder: "store token", id: "token-input" });
+  if (!banner.hidden && document.getElementById("token-input")) return; // keep what is being typed
+  const input = h("input", { type: "password", placeholder: "store token", id: "token-input" });
   const save = () => { sessionStorage.setItem(TOKEN_KEY, input.value); hideBanner(); refresh(true); };
   showBanner(h("b", {}, "This store needs a token. "), message + " ", input, " ", h("button", { onclick: save }, "Use token"));
 }
@@ -139,8 +140,8 @@ function rolloutsView(params) {
   const modeSelect = h("select", { id: "mode", onchange: (e) => go({ mode: e.target.value }) },
     ["", "train", "val", "test"].map((m) => h("option", { value: m, selected: m === mode }, m || "all modes")));
   const body = h("tbody");
-  const older = h("button", { id: "older", onclick: () => { cursors.push(next); page += 1; refresh(true); } }, "Older →");
-  const newer = h("button", { id: "newer", onclick: () => { cursors.pop(); page -= 1; refresh(true); } }, "← Newer");
+  const older = h("button", { id: "older", disabled: true, onclick: () => { cursors.push(next); page += 1; refresh(true); } }, "Older →");
+  const newer = h("button", { id: "newer", disabled: true, onclick: () => { cursors.pop(); page -= 1; refresh(true); } }, "← Newer");
   const pageLabel = h("span", { class: "mute" });
   view.replaceChildren(
     h("h2", {}, "Rollouts"),
@@ -198,7 +199,7 @@ function rolloutView(rolloutId, params) {
           h("span", {}, "created / ended"), h("span", {}, fmtTime(r.created_at) + " / " + fmtTime(r.ended_at)),
           h("span", {}, "input"), h("pre", {}, pretty(r.input))),
         h("h3", {}, `Attempts (${data.attempts.length})`), attempts,
-        h("h3", {}, `Span tree and timeline (${data.spans.length} spans)`),
+        h("h3", {}, `Span tree and timeline (${data.spans.length} span${data.spans.length === 1 ? "" : "s"})`),
         data.spans.length ? traceTable(data.spans, (id) => { selected = id; flash(id); }) : h("div", { class: "empty" }, "No spans."),
         h("h3", {}, "Transcript"),
         h("div", { id: "transcript" }, data.spans.filter((sp) => sp.category !== "other")
