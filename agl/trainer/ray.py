@@ -1,0 +1,278 @@
+"""``Trainer.fit`` on a Ray cluster: runners and engine replicas on Ray actors, the algorithm on the driver.
+
+``RayLauncher(runners=2).fit(trainer, agent, train, val)`` serves the trainer's store over HTTP from the
+driver; each runner actor pulls rollouts from it with a ``LightningStoreClient``. Each engine replica
+(``trainer.engine``: built-in or vLLM) runs in an actor and reports its URL to the gateway on the driver;
+new weights reach built-in engines as Ray objects and vLLM servers as folders (the cluster's nodes must
+share ``output_dir``). ``host`` is the driver address actors connect to; engines bind their node's IP
+unless ``host`` is a loopback address (one-machine clusters). Needs ``pip install 'agl[ray]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agl.agent.base import LitAgent
+from agl.algorithm.base import TrainingContext
+from agl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agl.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+_NO_RAY = "agl.trainer.ray needs Ray: pip install 'agl[ray]' (ray>=2.9)"
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(_NO_RAY) from exc
+    return ray
+
+
+@dataclass(frozen=True)
+class RayLauncher:
+    """Where ``fit`` puts its parts on Ray; ``fit`` joins the running cluster or starts a local one.
+
+    Args:
+        runners: runner actors, each running ``runner_concurrency`` rollouts at a time.
+        host: the driver address actors reach the store server and gateway at.
+        init: ``ray.init`` keyword arguments when no cluster is connected yet (e.g. ``address="auto"``).
+        runner_options / engine_options: ``.options(...)`` of the actors (``num_cpus``, ``num_gpus``,
+            ``resources``, ``runtime_env``).
+    """
+
+    runners: int = 2
+    runner_concurrency: int = 4
+    host: str = "127.0.0.1"
+    init: Mapping[str, Any] = field(default_factory=dict)
+    runner_options: Mapping[str, Any] = field(default_factory=lambda: {"num_cpus": 0.5})
+    engine_options: Mapping[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+
+    def __post_init__(self) -> None:
+        if self.runners < 1 or self.runner_concurrency < 1:
+            raise ConfigError(
+                f"RayLauncher needs runners >= 1 and runner_concurrency >= 1, got {self.runners}, "
+                f"{self.runner_concurrency}"
+            )
+
+    def connect(self) -> Any:
+        """The ``ray`` module, connected (``ray.init(**init)`` unless already initialized)."""
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(**dict(self.init))
+        return ray
+
+    def fit(self, trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: Sequence[Any] = ()) -> Any:
+        """``trainer.fit`` with runners and engines on actors; returns what the algorithm's ``run`` returns."""
+        if trainer.algorithm is None:
+            raise ConfigError("RayLauncher.fit needs Trainer(algorithm=...)")
+        return asyncio.run(self._fit(trainer, agent, list(train), list(val)))
+
+    async def _fit(self, trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: Sequence[Any]) -> Any:
+        from agl.serving import BackgroundServer
+        from agl.store.server import create_app
+        from agl.trainer.fit import _open_store, _serve_model, algorithm_entry
+
+        self.connect()
+        entry = algorithm_entry(trainer.algorithm)
+        out = Path(trainer.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        # the gateway binds and advertises the driver address the runner actors use
+        local = copy.copy(trainer)
+        local.gateway_host = local.public_host = self.host
+        async with contextlib.AsyncExitStack() as stack:
+            store, owns_store = _open_store(trainer, out)
+            if owns_store:
+                stack.push_async_callback(store.aclose)
+            store_server = BackgroundServer(create_app(store), host=self.host)
+            await asyncio.to_thread(store_server.start)
+            stack.callback(store_server.stop)
+            ctx = TrainingContext(store=store, output_dir=str(out))
+            model_path = getattr(trainer.algorithm, "model_path", None)
+            if model_path is not None:
+                ctx = await _serve_model(stack, store, str(model_path), local, ctx, placer=RayPlacer(self))
+            fleet = RunnerFleet(self, agent, store_server.url)
+            stack.push_async_callback(fleet.stop)
+            runs = [asyncio.ensure_future(r) for r in fleet.start()]
+            algorithm_task: asyncio.Future[Any] = asyncio.ensure_future(entry(ctx, train, val))
+            try:
+                await asyncio.wait({algorithm_task, *runs}, return_when=asyncio.FIRST_COMPLETED)
+                if not algorithm_task.done():  # a runner actor ended (or died) while the algorithm ran
+                    next(r for r in runs if r.done()).result()
+                    raise RuntimeError("a Ray runner actor stopped while the algorithm was still running")
+                return algorithm_task.result()
+            finally:
+                algorithm_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await algorithm_task
+
+
+class RunnerFleet:
+    """``launcher.runners`` runner actors pulling from the store at ``store_url``."""
+
+    def __init__(self, launcher: RayLauncher, agent: LitAgent, store_url: str, token: str | None = None):
+        ray = launcher.connect()
+        cls = ray.remote(_RunnerActor).options(**dict(launcher.runner_options))
+        self.actors = [
+            cls.remote(agent, store_url, launcher.runner_concurrency, token) for _ in range(launcher.runners)
+        ]
+        self._runs: list[Any] = []
+
+    def start(self) -> list[Any]:
+        """Start every actor's run loop; returns awaitable refs to each one's result (rollouts run)."""
+        self._runs = [actor.run.remote() for actor in self.actors]
+        return self._runs
+
+    async def stop(self) -> list[dict[str, Any]]:
+        """Stop claiming, let in-flight rollouts finish, and end the actors; returns each one's summary."""
+        ray = _ray()
+        await asyncio.gather(*(a.stop.remote() for a in self.actors), return_exceptions=True)
+        results = await asyncio.gather(*self._runs, return_exceptions=True)
+        for actor in self.actors:
+            ray.kill(actor)
+        return [r for r in results if isinstance(r, dict)]
+
+
+class _RunnerActor:
+    """A ``Runner`` in a Ray actor (an async actor: ``run`` and ``stop`` share its event loop)."""
+
+    def __init__(self, agent: LitAgent, store_url: str, max_concurrency: int, token: str | None) -> None:
+        from agl.runner.runner import Runner
+        from agl.store.client import LightningStoreClient
+
+        self.store = LightningStoreClient(store_url, token=token)
+        self.runner = Runner(
+            agent, self.store, max_concurrency=max_concurrency, poll_interval_s=0.02, handle_signals=False
+        )
+
+    async def run(self) -> dict[str, Any]:
+        try:
+            outcomes = await self.runner.run()
+        finally:
+            self.runner.close()
+            await self.store.aclose()
+        return {"worker_id": self.runner.worker_id, "pid": os.getpid(), "rollouts": len(outcomes)}
+
+    async def stop(self) -> None:
+        self.runner.stop()
+
+
+class RayPlacer:
+    """An ``agl.engines.launch.Placer`` that starts each engine replica in its own Ray actor."""
+
+    def __init__(self, launcher: RayLauncher) -> None:
+        self.launcher = launcher
+        self.ray = launcher.connect()
+
+    def _actor(self, cls: type, *args: Any) -> Any:
+        loopback = self.launcher.host in ("127.0.0.1", "localhost", "::1")
+        options = dict(self.launcher.engine_options)
+        return self.ray.remote(cls).options(**options).remote(*args, loopback)
+
+    def builtin(self, model_path: str, options: Mapping[str, Any]) -> RemoteBuiltin:
+        return RemoteBuiltin(self.ray, self._actor(_BuiltinActor, model_path, dict(options)))
+
+    def vllm(self, server_options: dict[str, Any], timeout_s: float) -> RemoteVllm:
+        return RemoteVllm(self.ray, self._actor(_VllmActor, server_options, timeout_s))
+
+
+def _bind_host(loopback: bool) -> str:
+    if loopback:
+        return "127.0.0.1"
+    import ray
+
+    return str(ray.util.get_node_ip_address())
+
+
+class _BuiltinActor:
+    def __init__(self, model_path: str, options: dict[str, Any], loopback: bool) -> None:
+        from agl.engines.builtin.server import EngineServer
+
+        self.server = EngineServer(model_path, host=_bind_host(loopback), **options).start()
+
+    def info(self) -> tuple[str, int]:
+        return self.server.base_url, os.getpid()
+
+    def update_weights(self, state: dict[str, Any]) -> str:
+        return self.server.update_weights(state)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class _VllmActor:
+    def __init__(self, options: dict[str, Any], timeout_s: float, loopback: bool) -> None:
+        from agl.engines.vllm import VllmServer
+
+        self.server = VllmServer(**{**options, "host": _bind_host(loopback)}).start(timeout_s)
+
+    def info(self) -> tuple[str, int]:
+        return self.server.base_url, os.getpid()
+
+    def restart(self, model: str | None, timeout_s: float, model_version: str | None) -> None:
+        self.server.restart(model, timeout_s, model_version=model_version)
+
+    def load_lora(self, name: str, path: str) -> None:
+        self.server.load_lora(name, path)
+
+    def unload_lora(self, name: str, missing_ok: bool) -> None:
+        self.server.unload_lora(name, missing_ok=missing_ok)
+
+    def set_model_version(self, version: str, aliases: dict[str, str] | None) -> None:
+        self.server.set_model_version(version, aliases)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class _Remote:
+    """The driver's handle on an engine actor: blocking calls, as ``ServedEngines`` makes from threads."""
+
+    def __init__(self, ray: Any, actor: Any) -> None:
+        self.ray, self.actor = ray, actor
+        try:
+            self.base_url, self.pid = ray.get(actor.info.remote())
+        except Exception:
+            ray.kill(actor)
+            raise
+
+    def stop(self) -> None:
+        try:
+            self.ray.get(self.actor.stop.remote())
+        finally:
+            self.ray.kill(self.actor)
+
+
+class RemoteBuiltin(_Remote):
+    def update_weights(self, source: dict[str, Any]) -> str:
+        return str(self.ray.get(self.actor.update_weights.remote(source)))
+
+
+class RemoteVllm(_Remote):
+    def restart(
+        self, model: str | Path | None = None, timeout_s: float = 300.0, *, model_version: str | None = None
+    ) -> None:
+        self.ray.get(self.actor.restart.remote(model and str(model), timeout_s, model_version))
+
+    def load_lora(self, name: str, path: str | Path) -> None:
+        self.ray.get(self.actor.load_lora.remote(name, str(path)))
+
+    def unload_lora(self, name: str, *, missing_ok: bool = False) -> None:
+        self.ray.get(self.actor.unload_lora.remote(name, missing_ok))
+
+    def set_model_version(self, version: str, aliases: dict[str, str] | None = None) -> None:
+        self.ray.get(self.actor.set_model_version.remote(version, aliases))
+
+
+__all__ = ["RayLauncher", "RayPlacer", "RunnerFleet"]
