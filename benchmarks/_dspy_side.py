@@ -47,7 +47,10 @@ def main() -> None:
     parser.add_argument("--budget", type=int, required=True, help="metric calls")
     parser.add_argument("--start-prompt", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", choices=["basic", "hard"], default="basic")
+    parser.add_argument("--sizes", default="24,15,60", help="train,val,test task counts")
     args = parser.parse_args()
+    n_train, n_val, n_test = (int(x) for x in args.sizes.split(","))
 
     def lm(model: str) -> dspy.LM:
         return dspy.LM(f"openai/{model}", api_base=args.base_url, api_key="k", cache=False, temperature=0.0)
@@ -58,8 +61,9 @@ def main() -> None:
     def as_example(task: object) -> dspy.Example:
         return dspy.Example(question=task.question, task=task.as_input()).with_inputs("question")  # type: ignore[attr-defined]
 
-    train = [as_example(t) for t in make_tasks(24, seed=args.seed)]
-    val = [as_example(t) for t in make_tasks(15, seed=args.seed + 1)]
+    train = [as_example(t) for t in make_tasks(n_train, seed=args.seed, variant=args.variant)]
+    val = [as_example(t) for t in make_tasks(n_val, seed=args.seed + 1, variant=args.variant)]
+    test = [as_example(t) for t in make_tasks(n_test, seed=args.seed + 2, variant=args.variant)]
 
     def metric(gold, pred, trace=None, pred_name=None, pred_trace=None):  # type: ignore[no-untyped-def]
         calls["metric"] += 1
@@ -88,15 +92,18 @@ def main() -> None:
         )
         best = optimizer.compile(program, trainset=train, valset=val, num_trials=4, minibatch=False)
     optimize_metric_calls = calls["metric"]
-    scores = [float(metric(ex, best(question=ex.question))) for ex in val]
+    seconds = round(time.perf_counter() - started, 2)
+    val_scores = [float(metric(ex, best(question=ex.question))) for ex in val]
+    test_scores = [float(metric(ex, best(question=ex.question))) for ex in test]
     print(
         json.dumps(
             {
                 "optimizer": args.optimizer,
-                "best_val_score": sum(scores) / len(scores),
+                "best_val_score": sum(val_scores) / len(val_scores),
+                "test_score": sum(test_scores) / len(test_scores),
                 "metric_calls": optimize_metric_calls,
                 "best_prompt": best.answer.signature.instructions,
-                "seconds": round(time.perf_counter() - started, 2),
+                "seconds": seconds,
             }
         )
     )

@@ -30,7 +30,21 @@ RULES: dict[str, tuple[str, str, str]] = {
         "Catalog prices are in cents: convert them to dollars before computing the total.",
         "unit error: catalog prices are in cents but the answer must be in dollars",
     ),
+    # the hard variant's business rules: each applies only to some tasks, so a small minibatch can miss it
+    "bulk": (
+        "bulk discount",
+        "Orders of 10 or more units get a 10% bulk discount on the total.",
+        "discount missed: orders of 10 or more units get a 10% bulk discount",
+    ),
+    "tax": (
+        "sales tax",
+        "When the question asks for the price including sales tax, add 8% sales tax to the total.",
+        "tax missed: a total including sales tax must add 8%",
+    ),
 }
+#: the rules the basic variant's tasks exercise
+BASIC_RULES = ("format", "tool", "trap")
+BULK_UNITS, BULK_FACTOR, TAX_FACTOR = 10, 0.9, 1.08
 
 LOOKUP_TOOL = {
     "type": "function",
@@ -55,29 +69,46 @@ class PriceTask:
         return {"question": self.question, "answer": self.answer, "level": self.level}
 
 
-def make_tasks(n: int, seed: int = 0, levels: tuple[int, ...] = (1, 2, 3)) -> list[PriceTask]:
-    """``n`` tasks cycling through ``levels``, deterministic by seed."""
+def adjust(total: float, units: int, with_tax: bool, bulk: bool, tax: bool) -> float:
+    """The hard variant's business rules on a computed total: bulk discount, then sales tax."""
+    if bulk and units >= BULK_UNITS:
+        total *= BULK_FACTOR
+    if tax and with_tax:
+        total *= TAX_FACTOR
+    return round(total, 2)
+
+
+def make_tasks(
+    n: int, seed: int = 0, levels: tuple[int, ...] = (1, 2, 3), variant: str = "basic"
+) -> list[PriceTask]:
+    """``n`` tasks cycling through ``levels``, deterministic by seed.
+
+    ``variant="hard"`` adds two business rules that apply to some tasks only: orders of 10+ units get
+    a bulk discount, and about a quarter of the questions ask for the total including sales tax.
+    """
+    if variant not in ("basic", "hard"):
+        raise ValueError(f"variant must be 'basic' or 'hard', got {variant!r}")
+    hard = variant == "hard"
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
         level = levels[i % len(levels)]
         item = f"item-{rng.randrange(len(CATALOG_CENTS))}"
-        units = rng.randint(2, 9)
+        units = rng.randint(2, 14) if hard else rng.randint(2, 9)
+        with_tax = hard and rng.random() < 0.25
+        suffix = " including sales tax" if with_tax else ""
         cents = CATALOG_CENTS[item]
         if level == 1:
             price = rng.randint(2, 40)
-            tasks.append(
-                PriceTask(
-                    f"One {item} costs {price} dollars. What do {units} of them cost?", units * price, 1
-                )
-            )
+            question = f"One {item} costs {price} dollars. What do {units} of them cost{suffix}?"
+            base: float = units * price
         elif level == 2:
-            tasks.append(
-                PriceTask(f"What do {units} units of {item} cost, in catalog units?", units * cents, 2)
-            )
+            question = f"What do {units} units of {item} cost{suffix}, in catalog units?"
+            base = units * cents
         else:
-            question = f"What do {units} units of {item} cost in dollars?"
-            tasks.append(PriceTask(question, round(units * cents / 100, 2), 3))
+            question = f"What do {units} units of {item} cost{suffix} in dollars?"
+            base = round(units * cents / 100, 2)
+        tasks.append(PriceTask(question, adjust(base, units, with_tax, True, True), level))
     return tasks
 
 
@@ -91,8 +122,17 @@ def grade(task: dict[str, Any], reply: str, used_tool: bool) -> tuple[float, str
         return 1.0, "correct"
     if task["level"] >= 2 and not used_tool:
         return 0.0, RULES["tool"][2]
-    if task["level"] == 3:
+    ratio = value / float(task["answer"]) if task["answer"] else 0.0
+    if task["level"] == 3 and ratio > 20:  # still in cents
         return 0.0, RULES["trap"][2]
+    question = str(task["question"])
+    units = re.search(r"(?:What do|cost of) (\d+)", question)
+    taxed = "including sales tax" in question
+    undiscounted = (1 / BULK_FACTOR, 1 / (BULK_FACTOR * TAX_FACTOR) if taxed else 1 / BULK_FACTOR)
+    if units and int(units.group(1)) >= BULK_UNITS and any(abs(ratio - r) < 0.005 for r in undiscounted):
+        return 0.0, RULES["bulk"][2]  # the total without the discount (with or without the tax)
+    if taxed:
+        return 0.0, RULES["tax"][2]
     return 0.0, f"wrong value: expected {task['answer']}, got {value}"
 
 

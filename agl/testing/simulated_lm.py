@@ -31,10 +31,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agl.testing.price_tasks import (
+    BASIC_RULES,
     CATALOG_CENTS,
     LOOKUP_TOOL,
     RULES,
     PriceTask,
+    adjust,
     format_number,
     grade,
     make_tasks,
@@ -125,6 +127,7 @@ class SimulatedLM:
             return {"role": "assistant", "content": None, "tool_calls": [call]}
         else:
             total = units * 10  # a guess
+        total = adjust(total, units, "including sales tax" in question, follows["bulk"], follows["tax"])
         text = (
             f"ANSWER: {format_number(total)}"
             if follows["format"]
@@ -277,6 +280,7 @@ class SimulatedLMServer:
 
 
 __all__ = [
+    "BASIC_RULES",
     "CATALOG_CENTS",
     "LOOKUP_TOOL",
     "RULES",

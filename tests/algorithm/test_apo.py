@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 import agl
 from agl.algorithm.apo import APO, APOConfig, apo_history
 from agl.algorithm.apo.apo import _extract_prompt
-from agl.errors import ConfigError
+from agl.errors import AgentError, ConfigError
 from agl.schemas import LLM, PromptTemplate
 from agl.store import InMemoryLightningStore
-from agl.testing.simulated_lm import RULES, SimulatedLM, SimulatedLMServer, make_tasks
+from agl.testing.simulated_lm import BASIC_RULES, RULES, SimulatedLM, SimulatedLMServer, make_tasks
 from examples.apo.agent import price_agent
 
 BASE_PROMPT = "You are a shopping assistant. Answer the question."
@@ -55,7 +56,7 @@ async def test_apo_finds_the_known_best_prompt(bed: Bed) -> None:
     root = result.history[0]
     assert root.score == 0.0
     assert result.best.score == 1.0  # all of the available gain
-    assert all(needle.lower() in result.best.template.lower() for needle, _, _ in RULES.values())
+    assert all(RULES[r][0].lower() in result.best.template.lower() for r in BASIC_RULES)
     assert result.scores_by_round == sorted(result.scores_by_round)
 
 
@@ -115,3 +116,64 @@ def test_config_validation_names_the_field() -> None:
         APOConfig(critic=llm, editor=llm, beam_width=0)
     with pytest.raises(ConfigError, match="max_rollouts"):
         APOConfig(critic=llm, editor=llm, max_rollouts=0)
+
+
+async def test_budget_drives_the_run_and_validation_is_a_minority(bed: Bed, tmp_path: Path) -> None:
+    train, val = make_tasks(12, seed=11), make_tasks(12, seed=12)
+    result = await APO(bed.config(max_rollouts=120, output_dir=str(tmp_path))).run(
+        bed.store, [t.as_input() for t in train], [t.as_input() for t in val]
+    )
+    assert result.rollouts_used <= 120
+    assert sum(result.rollouts_by_phase.values()) == result.rollouts_used
+    assert len(result.scores_by_round) - 1 > 3  # more rounds than the old default of 3
+    assert result.best.score == 1.0 and result.best.val_evaluated == len(val)
+    assert result.stop_reason == "perfect validation score"
+    # children are compared on a third of the validation set; few candidates get all of it
+    fully_validated = [c for c in result.history if c.val_evaluated == len(val)]
+    assert len(fully_validated) <= 2 < len([c for c in result.history if c.val_evaluated > 0])
+    assert (tmp_path / "metrics.csv").read_text().startswith("step,")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert result.curve and result.curve[-1] == (result.rollouts_used, 1.0)
+
+
+async def test_budget_stops_the_search_before_it_is_exceeded(bed: Bed) -> None:
+    train, val = make_tasks(12, seed=13), make_tasks(12, seed=14)
+    result = await APO(bed.config(max_rollouts=40)).run(
+        bed.store, [t.as_input() for t in train], [t.as_input() for t in val]
+    )
+    assert result.rollouts_used <= 40 and "budget" in result.stop_reason
+    assert result.best.val_evaluated == len(val)  # the reported score is a full validation score
+
+
+async def test_a_misnamed_placeholder_stops_with_the_missing_key(bed: Bed) -> None:
+    train, val = make_tasks(6, seed=15), make_tasks(9, seed=16)
+    apo = APO(bed.config(max_rollouts=200))
+    with pytest.raises(AgentError, match=r"'questoin'.*\['answer', 'level', 'question'\]"):
+        await apo.run(
+            bed.store,
+            [t.as_input() for t in train],
+            [t.as_input() for t in val],
+            initial_prompt="Answer the customer's question: {questoin}",
+        )
+    assert apo.rollouts_used == 3  # stopped after the first validation probe
+
+
+async def test_literal_json_braces_survive_the_agent_and_the_editor(bed: Bed) -> None:
+    prompt = 'You answer price questions like {question}. Reply as {"answer": <number>}.'
+    train, val = make_tasks(6, seed=17), make_tasks(6, seed=18)
+    result = await APO(bed.config(rounds=2, minibatch_size=3)).run(
+        bed.store, [t.as_input() for t in train], [t.as_input() for t in val], initial_prompt=prompt
+    )
+    assert len(result.history) > 1
+    for candidate in result.history:
+        assert '{"answer": <number>}' in candidate.template and "{question}" in candidate.template
+
+
+def test_prompt_template_substitutes_only_placeholders() -> None:
+    template = PromptTemplate(template='Reply as {"answer": <number>} to {question} {{literal}} {x}')
+    assert template.placeholders == ["question", "x"]
+    assert template.format(question="Q?", x=1) == 'Reply as {"answer": <number>} to Q? {literal} 1'
+    with pytest.raises(KeyError, match=r"questoin.*\['question'\]"):
+        PromptTemplate(template="Hi {questoin}").format(question="x")
+    assert _extract_prompt('<prompt>Reply as {"a": 1} to {question}</prompt>', "{question}") is not None
+    assert _extract_prompt('<prompt>Reply as {"a": 1}</prompt>', "Answer {question}") is None

@@ -173,7 +173,7 @@ class APO:
         try:
             try:
                 await self._validate_baseline(root)
-                scores_by_round.append(self._best().score or 0.0)
+                scores_by_round.append(self._prefix_mean(self._leader()))
                 self._log_round(metrics, 0)
                 round_no, idle = 0, 0
                 while rounds is None or round_no < rounds:
@@ -185,7 +185,7 @@ class APO:
                     for parent in self._select_parents():
                         accepted += await self._expand(parent, round_no)
                     idle = 0 if accepted else idle + 1
-                    scores_by_round.append(self._best().score or 0.0)
+                    scores_by_round.append(self._prefix_mean(self._leader()))
                     self._log_round(metrics, round_no)
                     if idle >= cfg.patience:
                         stop_reason = f"no child accepted in {cfg.patience} rounds"
@@ -198,6 +198,11 @@ class APO:
             if metrics is not None:
                 metrics.close()
         best = self._best()
+        if best is None:  # only when the budget could not cover one full validation (the reserve prevents it)
+            best = self._leader()
+            stop_reason += (
+                f"; the best score covers {best.val_evaluated} of {len(self._val)} validation tasks"
+            )
         if scores_by_round:
             scores_by_round[-1] = best.score or 0.0  # the last round includes the final validation
         log.info(
@@ -236,8 +241,13 @@ class APO:
     def _full(self) -> list[Candidate]:
         return [c for c in self.history if c.val_evaluated == len(self._val)]
 
-    def _best(self) -> Candidate:
-        return max(self._full(), key=lambda c: (c.score or 0.0, -c.round))
+    def _best(self) -> Candidate | None:
+        """The best fully validated candidate (None until one is)."""
+        return max(self._full(), key=lambda c: (c.score or 0.0, -c.round), default=None)
+
+    def _best_score(self) -> float | None:
+        best = self._best()
+        return None if best is None else best.score
 
     def _prefix_mean(self, c: Candidate) -> float:
         rewards = self._val_rewards(c, self._probe)
@@ -258,8 +268,8 @@ class APO:
         leader = self._leader()
         missing = len(self._val) - leader.val_evaluated
         if 0 < missing <= self._remaining() and self._prefix_mean(leader) >= self.config.perfect_score:
-            await self._validate(leader, len(self._val), beat=self._best().score)
-        return (self._best().score or 0.0) >= self.config.perfect_score
+            await self._validate(leader, len(self._val), beat=self._best_score())
+        return (self._best_score() or 0.0) >= self.config.perfect_score
 
     def _select_parents(self) -> list[Candidate]:
         cfg = self.config
@@ -271,7 +281,8 @@ class APO:
         return pareto_parents(pool, per_task, self._ancestors, cfg.beam_width, self._rng)
 
     async def _validate_baseline(self, root: Candidate) -> None:
-        """Validate the starting prompt; stop with a clear error if its first rollouts all fail."""
+        """Probe the starting prompt (fully validated later only if it stays a contender); stop with a
+        clear error if those first rollouts all fail."""
         await self._validate(root, self._probe)
         trajectories = [
             self._trajectories[rid] for rid, _ in self._results(root, "val", self._val_order[: self._probe])
@@ -279,7 +290,6 @@ class APO:
         problem = diagnose_baseline(trajectories, self._val)
         if problem is not None:
             raise AgentError(f"APO cannot start: {problem}")
-        await self._validate(root, len(self._val))
 
     async def _finalize(self) -> None:
         """Fully validate the strongest partly validated candidates, raced against the best validated score."""
@@ -287,7 +297,7 @@ class APO:
         partial = [c for c in self.history if self._probe <= c.val_evaluated < len(self._val)]
         partial.sort(key=lambda c: leader_key(c, self._prefix_mean(c)), reverse=True)
         for candidate in partial[: cfg.finalists]:
-            best = self._best().score
+            best = self._best_score()
             if best is not None and self._bound(candidate) <= best:
                 continue
             if len(self._val) - candidate.val_evaluated > self._remaining():
@@ -461,7 +471,7 @@ class APO:
             if beat is not None and self._bound(c) <= beat:
                 break
         if c.val_evaluated == len(self._val):
-            self._curve.append((self.rollouts_used, self._best().score or 0.0))
+            self._curve.append((self.rollouts_used, self._best_score() or 0.0))
 
     # ----- critique and edit ---------------------------------------------------------------
     async def _critique(self, parent: Candidate, batch: list[Trajectory]) -> str | None:
@@ -547,12 +557,12 @@ class APO:
         )
 
     def _log_round(self, metrics: Any, round_no: int) -> None:
-        best, leader = self._best(), self._leader()
+        best, leader = self._best_score(), self._leader()
         row = {
             "round": round_no,
             "metric_calls": self.rollouts_used,
             "validation_calls": self.rollouts_by_phase["validation"],
-            "best_val_score": best.score or 0.0,
+            **({"best_val_score": best} if best is not None else {}),
             "leader_probe_score": self._prefix_mean(leader),
             "candidates": len([c for c in self.history if c.val_evaluated >= self._probe]),
             "llm_calls": self.llm_calls_used,
@@ -564,45 +574,3 @@ class APO:
 
 def _extract_prompt(text: str, original: str) -> str | None:
     return extract_prompt(text, original)
-
-
-async def apo_history(store: LightningStore, prompt_name: str = "prompt") -> list[Candidate]:
-    """Every APO candidate in the store, in creation order, scored by its validation rollouts' mean reward."""
-    candidates: list[Candidate] = []
-    cursor = None
-    while True:
-        page = await store.query_resources(cursor=cursor, limit=1000)
-        for version in page.items:
-            meta = version.metadata.get("apo")
-            prompt = version.resources.get(prompt_name)
-            if meta is not None and isinstance(prompt, PromptTemplate):
-                candidates.append(
-                    Candidate(
-                        version.resources_id,
-                        prompt.template,
-                        None,
-                        meta.get("parent_id"),
-                        meta.get("round", 0),
-                        meta.get("critique"),
-                    )
-                )
-        cursor = page.next_cursor
-        if cursor is None:
-            break
-    val_ids: dict[str, list[str]] = {}
-    cursor = None
-    while True:
-        rollouts = await store.query_rollouts(mode="val", cursor=cursor, limit=1000)
-        for r in rollouts.items:
-            if r.resources_id is not None:
-                val_ids.setdefault(r.resources_id, []).append(r.rollout_id)
-        cursor = rollouts.next_cursor
-        if cursor is None:
-            break
-    for candidate in candidates:
-        ids = val_ids.get(candidate.resources_id)
-        if ids:
-            trajectories = await load_trajectories(store, ids)
-            candidate.score = sum(t.reward for t in trajectories) / len(trajectories)
-            candidate.val_evaluated = len(ids)
-    return candidates

@@ -8,6 +8,7 @@ loss masked to model tokens, push the weights to the engine, and measure validat
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,9 @@ class SFTConfig:
     micro_batch_tokens: int = 4096
     activation_checkpointing: bool = False  # recompute activations in backward: less memory, more compute
     export_jsonl: bool = True
+    progress: bool = (
+        True  # a progress bar and a console line per step (metrics.csv and curve.png are always written)
+    )
     rollout_timeout_s: float = 600.0
     seed: int = 0
 
@@ -101,6 +105,52 @@ class SFT(Algorithm):
         )
         before = await self._evaluate(ctx, val, resources_id) if val else float("nan")
         after = before
+        metrics = self._metrics_logger(ctx)
+        if val:
+            metrics.log(0, {"iteration": 0, "val_reward": before})
+        try:
+            after = await self._iterate(ctx, train, val, rng, resources_id, version, metrics, after)
+        finally:
+            metrics.close()
+        return {
+            "val_reward_before": before,
+            "val_reward_after": after,
+            "warm_start_samples": len(seed),
+            "history": self.history,
+        }
+
+    def _metrics_logger(self, ctx: TrainingContext) -> Any:
+        """Progress over iterations, a console line per gradient step, metrics.csv and a loss curve."""
+        from agl.metrics import MetricsLogger
+
+        return MetricsLogger(
+            Path(ctx.output_dir),
+            total_steps=self.config.iterations,
+            progress=self.config.progress,
+            console=self.config.progress,
+            shown=("iteration", "sft_loss", "val_reward", "samples"),
+            label="iteration",
+            progress_key="iteration",
+            plot_y=("sft_loss", "val_reward"),
+            title="SFT",
+            tensorboard=False,
+        )
+
+    async def _iterate(
+        self,
+        ctx: TrainingContext,
+        train: Sequence[Any],
+        val: Sequence[Any],
+        rng: random.Random,
+        resources_id: str,
+        version: str,
+        metrics: Any,
+        after: float,
+    ) -> float:
+        cfg = self.config
+        if ctx.llm is None or ctx.sync_weights is None:  # run() checked this; narrows the types here
+            raise ConfigError("SFT trains a local model: run it through Trainer.fit, which serves the model")
+        step = 0
         for iteration in range(1, cfg.iterations + 1):
             tasks = rng.sample(list(train), min(cfg.tasks_per_iteration, len(train)))
             done = await ctx.rollouts(
@@ -125,13 +175,19 @@ class SFT(Algorithm):
                 "kept_rollouts": len(kept),
                 "samples": len(samples),
             }
-            for _ in range(cfg.epochs):
+            batches = cfg.epochs * math.ceil(len(samples) / cfg.batch_size)
+            for epoch in range(cfg.epochs):
                 rng.shuffle(samples)
                 for start in range(0, len(samples), cfg.batch_size):
                     stats = await asyncio.to_thread(
                         self.policy.sft_step, samples[start : start + cfg.batch_size]
                     )
                     row["sft_loss"] = stats["sft_loss"]
+                    step += 1
+                    finished = epoch * math.ceil(len(samples) / cfg.batch_size) + start // cfg.batch_size + 1
+                    metrics.log(
+                        step, {"iteration": iteration - 1 + finished / batches, "sft_loss": stats["sft_loss"]}
+                    )
             if samples:
                 version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
                 resources_id = await ctx.publish(
@@ -142,9 +198,5 @@ class SFT(Algorithm):
                 after = await self._evaluate(ctx, val, resources_id)
                 row["val_reward"] = after
             self.history.append(row)
-        return {
-            "val_reward_before": before,
-            "val_reward_after": after,
-            "warm_start_samples": len(seed),
-            "history": self.history,
-        }
+            metrics.log(step, {**{k: v for k, v in row.items() if k != "sft_loss"}, "iteration": iteration})
+        return after
