@@ -37,6 +37,8 @@ STATIC = Path(__file__).parent / "static"
 PREFIX = "/ui"
 #: finished rollouts the reward charts look back over (newest first)
 CURVE_ROLLOUTS = 5000
+#: spans of one attempt shown on its page (the first ones by sequence id)
+MAX_SPANS = 10_000
 #: uncached rollouts beyond which rewards are read by one scan of the store's reward spans
 BULK_AFTER = 64
 #: how long one computation of the curves serves every poll (several tabs, the resources page)
@@ -195,16 +197,17 @@ def create_dashboard(
         attempt_id = request.query_params.get("attempt_id") or (attempts[-1].attempt_id if attempts else None)
         if attempt_id is not None and attempt_id not in {a.attempt_id for a in attempts}:
             raise BadRequest("attempt_id", f"rollout {rollout_id!r} has no attempt {attempt_id!r}")
-        spans = []
+        spans: list[Span] = []
+        more = None
         if attempt_id is not None:
-            spans = (
-                await store.query_spans(rollout_id=rollout_id, attempt_id=attempt_id, limit=10_000)
-            ).items
+            page = await store.query_spans(rollout_id=rollout_id, attempt_id=attempt_id, limit=MAX_SPANS)
+            spans, more = page.items, page.next_cursor
         return {
             "rollout": views.rollout_view(found, final_reward(spans)),
             "attempts": [a.model_dump(mode="json") for a in attempts],
             "attempt_id": attempt_id,
             "spans": views.span_tree(spans),
+            "spans_truncated": more is not None,
         }
 
     async def resources(request: Request) -> dict[str, Any]:

@@ -97,6 +97,7 @@ def test_a_rollout_shows_its_trace_messages_tool_calls_and_reward(http: httpx.Cl
     data = get(http, f"rollouts/{filled.tool_rollout}")
     assert data["rollout"]["reward"] == 0.8 and data["rollout"]["status"] == "succeeded"
     assert len(data["attempts"]) == 1 and data["attempt_id"] == data["attempts"][0]["attempt_id"]
+    assert data["spans_truncated"] is False
     spans = data["spans"]
     by_category: dict[str, list[Any]] = {}
     for span in spans:

@@ -199,7 +199,7 @@ function rolloutView(rolloutId, params) {
           h("span", {}, "created / ended"), h("span", {}, fmtTime(r.created_at) + " / " + fmtTime(r.ended_at)),
           h("span", {}, "input"), h("pre", {}, pretty(r.input))),
         h("h3", {}, `Attempts (${data.attempts.length})`), attempts,
-        h("h3", {}, `Span tree and timeline (${data.spans.length} span${data.spans.length === 1 ? "" : "s"})`),
+        h("h3", {}, `Span tree and timeline (${data.spans_truncated ? "the first " : ""}${data.spans.length} span${data.spans.length === 1 ? "" : "s"})`),
         data.spans.length ? traceTable(data.spans, (id) => { selected = id; flash(id); }) : h("div", { class: "empty" }, "No spans."),
         h("h3", {}, "Transcript"),
         h("div", { id: "transcript" }, data.spans.filter((sp) => sp.category !== "other")
