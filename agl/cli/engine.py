@@ -18,6 +18,11 @@ def serve(
     dtype: str = typer.Option("float32", help="Weights dtype: float32, bfloat16 or float16."),
     max_batch_size: int = typer.Option(32, help="Most sequences decoded together."),
     served_model_name: str | None = typer.Option(None, help="Name reported by /v1/models."),
+    token: str | None = typer.Option(
+        None,
+        envvar="AGL_ENGINE_TOKEN",
+        help="Require 'Authorization: Bearer TOKEN' on every route but /health (prefer the env variable).",
+    ),
 ) -> None:
     """Serve MODEL on HOST:PORT until interrupted."""
     import uvicorn
@@ -36,4 +41,11 @@ def serve(
     engine = Engine(
         model, device=device, dtype=dtype, max_batch_size=max_batch_size, model_name=served_model_name
     )
-    uvicorn.run(build_app(engine), host=host, port=port, log_level="info")
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        typer.secho(
+            f"warning: serving on {host} without --token lets anyone on the network use the model and "
+            "replace its weights",
+            err=True,
+            fg="yellow",
+        )
+    uvicorn.run(build_app(engine, token), host=host, port=port, log_level="info")

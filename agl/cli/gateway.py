@@ -19,7 +19,17 @@ def serve(
     api_key: str | None = typer.Option(
         None,
         envvar="AGL_GATEWAY_UPSTREAM_API_KEY",
-        help="Key sent upstream (prefer the environment variable).",
+        help="Key sent upstream, e.g. the engine's AGL_ENGINE_TOKEN (prefer the environment variable).",
+    ),
+    token: str | None = typer.Option(
+        None,
+        envvar="AGL_GATEWAY_TOKEN",
+        help="Require 'Authorization: Bearer TOKEN' on /admin/* and /metrics (prefer the env variable).",
+    ),
+    client_token: str | None = typer.Option(
+        None,
+        envvar="AGL_GATEWAY_CLIENT_TOKEN",
+        help="Also require a bearer token on model calls (agents' api_key); it is not forwarded upstream.",
     ),
     record_unattributed: bool = typer.Option(False, help="Also record calls that name no rollout."),
     max_attempts: int = typer.Option(3, help="Tries per call across replicas."),
@@ -36,7 +46,13 @@ def serve(
         config = GatewayConfig(record_unattributed=record_unattributed, max_attempts=max_attempts)
     except ValidationError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    gateway = Gateway(open_store(store), upstreams, config)
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        typer.secho(
+            f"warning: serving on {host} without --token lets anyone on the network pause the gateway",
+            err=True,
+            fg="yellow",
+        )
+    gateway = Gateway(open_store(store), upstreams, config, token=token, client_token=client_token)
     typer.echo(f"agl gateway on http://{host}:{port}/v1 -> {', '.join(upstream)} (store {store})")
     uvicorn.run(
         gateway.app, host=host, port=port, log_level="warning", interface="asgi3", proxy_headers=False

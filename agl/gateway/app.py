@@ -4,12 +4,18 @@ Agents reach it at ``/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (``attempt_
 at ``/v1`` with ``x-agl-rollout-id`` / ``x-agl-attempt-id`` headers. Calls without a rollout are proxied
 and recorded only with ``GatewayConfig.record_unattributed`` (under one rollout of mode ``gateway``).
 The hot path is a raw ASGI handler: attribution is a cached dict lookup, bodies are passed as bytes, and
-span building happens in the background recorder.
+span building happens in the background recorder. ``GET /metrics`` serves Prometheus metrics.
+
+Auth: with ``token`` (``--token`` / ``AGL_GATEWAY_TOKEN``) ``/admin/*`` and ``/metrics`` need
+``Authorization: Bearer <token>``. Model routes stay open unless ``client_token`` is set, because agents
+send their own key (forwarded upstream when the upstream has no ``api_key``); with ``client_token`` they
+need it (or the admin token), and it is never forwarded. ``/health`` is always open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import re
 import time
@@ -20,6 +26,7 @@ import orjson
 
 from agl.errors import GatewayError, NotFoundError
 from agl.gateway.config import GatewayConfig, UpstreamConfig
+from agl.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agl.gateway.proxy import Forwarder
 from agl.gateway.recording import CallRecord, SpanBatcher, now_ns
 from agl.gateway.upstreams import UpstreamPool
@@ -40,7 +47,8 @@ class Gateway:
     """``Gateway(store, upstreams=[url, ...])``: ``await gw.app(scope, receive, send)`` or ``gw.start()``.
 
     ``upstreams`` are base URLs (``http://host:port/v1``) or :class:`UpstreamConfig`. ``start()`` serves on a
-    background thread (port 0: a free port); ``stop()`` drains the recorder into the store.
+    background thread (port 0: a free port); ``stop()`` drains the recorder into the store. ``token`` guards
+    the admin routes and ``client_token`` the model routes (see the module docstring).
     """
 
     def __init__(
@@ -51,6 +59,8 @@ class Gateway:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        token: str | None = None,
+        client_token: str | None = None,
     ) -> None:
         if not upstreams:
             raise GatewayError("a gateway needs at least one upstream URL (e.g. http://127.0.0.1:8000/v1)")
@@ -62,7 +72,10 @@ class Gateway:
         self.paused = False
         self.inflight = 0
         self._drained = asyncio.Event()
-        self._secrets = tuple(u.api_key for u in self.upstreams if u.api_key)
+        self._admin_auth = f"Bearer {token}".encode() if token else None
+        self._client_auth = f"Bearer {client_token}".encode() if client_token else None
+        self._secrets = tuple(s for s in (token, client_token, *(u.api_key for u in self.upstreams)) if s)
+        self.metrics = GatewayMetrics(self.stats)
         self._attribution: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._unattributed: tuple[str, str] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,6 +125,7 @@ class Gateway:
                 self.store,
                 queue_size=cfg.queue_size,
                 batch_size=cfg.batch_size,
+                on_usage=self.metrics.add_tokens,
             )
             self._batcher.start()
         return self._batcher
@@ -232,13 +246,39 @@ class Gateway:
                 return
             if path == "/v1/models":
                 _need(method, "GET", path)
+                self._authorize(scope, self._client_auth)
                 await _send_json(send, 200, await self._models())
                 return
         await self._admin(path, method, scope, receive, send)
 
+    def _authorize(self, scope: Scope, expected: bytes | None) -> bool:
+        """True if a required token was given (then it is the gateway's, not the agent's); 401 if wrong."""
+        if expected is None:
+            return False
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        admin = self._admin_auth
+        if hmac.compare_digest(given, expected) or (admin is not None and hmac.compare_digest(given, admin)):
+            return True
+        which = "AGL_GATEWAY_TOKEN" if expected is admin else "AGL_GATEWAY_CLIENT_TOKEN"
+        raise HTTPError(
+            401,
+            f"missing or wrong bearer token; send Authorization: Bearer <token> ({which})",
+            type_="authentication_error",
+            code="invalid_api_key",
+        )
+
     async def _admin(self, path: str, method: str, scope: Scope, receive: Any, send: Any) -> None:
         if path == "/health":
             await _send_json(send, 200, {"status": "ok", "paused": self.paused})
+            return
+        if path.startswith("/admin/") or path == "/metrics":
+            self._authorize(scope, self._admin_auth)
+        if path == "/metrics":
+            _need(method, "GET", path)
+            body = self.metrics.render()
+            head = [(b"content-type", CONTENT_TYPE.encode()), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": head})
+            await send({"type": "http.response.body", "body": body})
         elif path == "/admin/stats":
             await _send_json(send, 200, self.stats())
         elif path == "/admin/pause":
@@ -264,7 +304,13 @@ class Gateway:
     async def _model_call(
         self, scope: Scope, receive: Any, send: Any, api: str, rollout_id: str | None, attempt_id: str | None
     ) -> None:
+        try:
+            gateway_key = self._authorize(scope, self._client_auth)
+        except HTTPError:
+            self.metrics.count(api, 401)
+            raise
         if self.paused:
+            self.metrics.count(api, 429)
             raise HTTPError(
                 429,
                 f"the gateway is paused for a model update; retry after {self.config.retry_after_s} s",
@@ -274,6 +320,7 @@ class Gateway:
             )
         batcher = self._runtime()
         self.inflight += 1
+        began, status, upstream_s = time.perf_counter(), 500, None
         try:
             start = now_ns()
             headers = dict(scope["headers"])
@@ -281,7 +328,7 @@ class Gateway:
             rollout_id = rollout_id or _header(headers, b"x-agl-rollout-id")
             attempt_id = attempt_id or _header(headers, b"x-agl-attempt-id") or "latest"
             target = await self._attribute(rollout_id, attempt_id)
-            auth = _header(headers, b"authorization")
+            auth = None if gateway_key else _header(headers, b"authorization")
             record = None
             agent = scope.get("agl.agent") or _header(headers, b"x-agl-agent")
             if agent is not None and not _AGENT.fullmatch(agent):
@@ -307,8 +354,11 @@ class Gateway:
                 request = parse_request(api, raw)
                 if record is not None:
                     record.request = request
-                await self.forwarder.forward(api, request, raw, auth, rollout_id, record, send)
+                status, upstream_s = await self.forwarder.forward(
+                    api, request, raw, auth, rollout_id, record, send
+                )
             except HTTPError as exc:
+                status = exc.status
                 if record is not None:
                     record.status_code, record.error, record.end_ns = exc.status, exc.message, now_ns()
                     if not record.request:
@@ -318,10 +368,14 @@ class Gateway:
                 if record is not None:
                     record.end_ns = record.end_ns or now_ns()
                     batcher.submit(record)
+        except HTTPError as exc:
+            status = exc.status
+            raise
         finally:
             self.inflight -= 1
             if self.inflight == 0:
                 self._drained.set()
+            self.metrics.observe(api, status, time.perf_counter() - began, upstream_s)
 
     async def _attribute(self, rollout_id: str | None, attempt_id: str) -> tuple[str, str, str | None] | None:
         """``(rollout_id, attempt_id, resources_id)`` the call belongs to, or None when it is unrecorded."""

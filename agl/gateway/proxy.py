@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import aiohttp
@@ -82,14 +83,18 @@ class Forwarder:
         rollout_id: str | None,
         record: CallRecord | None,
         send: Any,
-    ) -> None:
-        """Answer the agent through ``send`` from the first replica that works; 502 when none does."""
+    ) -> tuple[int, float]:
+        """Answer the agent through ``send`` from the first replica that works; 502 when none does.
+
+        Returns the status sent and the seconds spent in the upstream exchange (all tries), for metrics.
+        """
         model = request.get("model")
         candidates = self.pool.candidates(model if isinstance(model, str) else None, rollout_id)
         if not candidates:
             raise HTTPError(404, f"no upstream serves model {model!r}", param="model", code="model_not_found")
         tried: list[Replica] = []
         errors: list[str] = []
+        began = time.perf_counter()
         for n in range(self.config.max_attempts):
             replica = next((r for r in candidates if r not in tried), candidates[n % len(candidates)])
             if replica in tried:  # every replica failed once: back off before going round again
@@ -98,9 +103,10 @@ class Forwarder:
             tried.append(replica)
             if record is not None:
                 record.backend = replica.config.backend
+            waited = time.perf_counter() - began  # failed tries and backoff count as upstream time
             try:
-                await self._try(replica, api, request, raw, auth, record, send)
-                return
+                status, spent = await self._try(replica, api, request, raw, auth, record, send)
+                return status, waited + spent
             except _Retry as exc:
                 errors.append(str(exc))
                 self.pool.mark_failed(replica, str(exc))
@@ -124,7 +130,7 @@ class Forwarder:
         auth: str | None,
         record: CallRecord | None,
         send: Any,
-    ) -> None:
+    ) -> tuple[int, float]:
         cfg = replica.config
         headers = {
             "content-type": "application/json",
@@ -133,11 +139,11 @@ class Forwarder:
         }
         replica.inflight += 1
         replica.calls += 1
+        data = self._body(replica, api, request, raw)
+        began = time.perf_counter()
         try:
             try:
-                response = await self.session.post(
-                    f"{cfg.url}/{_SUFFIX[api]}", data=self._body(replica, api, request, raw), headers=headers
-                )
+                response = await self.session.post(f"{cfg.url}/{_SUFFIX[api]}", data=data, headers=headers)
             except _UPSTREAM_ERRORS as exc:
                 raise _Retry(f"{cfg.backend}: {type(exc).__name__}: {exc}") from exc
             try:
@@ -145,11 +151,12 @@ class Forwarder:
                 if request.get("stream") is True and is_sse and response.status < 400:
                     self.pool.mark_ok(replica)
                     await self._relay(response, replica, record, send)
-                    return
+                    return response.status, time.perf_counter() - began
                 try:
                     content = await response.read()
                 except _UPSTREAM_ERRORS as exc:
                     raise _Retry(f"{cfg.backend}: {type(exc).__name__} reading the response: {exc}") from exc
+                spent = time.perf_counter() - began
                 if response.status >= 500:
                     raise _Retry(
                         f"{cfg.backend} returned {response.status}: {content[:300].decode(errors='replace')}"
@@ -161,6 +168,7 @@ class Forwarder:
                 head = [(b"content-type", ctype), (b"content-length", str(len(content)).encode())]
                 await send({"type": "http.response.start", "status": response.status, "headers": head})
                 await send({"type": "http.response.body", "body": content})
+                return response.status, spent
             finally:
                 response.release()
         finally:

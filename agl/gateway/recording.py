@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from secrets import token_hex
 from typing import Any
@@ -239,8 +240,16 @@ def build_span(record: CallRecord) -> Span:
 class SpanBatcher:
     """A bounded queue of call records and the task that builds spans and writes them in batches."""
 
-    def __init__(self, store: LightningStore, *, queue_size: int, batch_size: int) -> None:
+    def __init__(
+        self,
+        store: LightningStore,
+        *,
+        queue_size: int,
+        batch_size: int,
+        on_usage: Callable[[Any], None] | None = None,
+    ) -> None:
         self.store = store
+        self.on_usage = on_usage  # sees each built span's usage (the gateway's token metrics)
         self.batch_size = batch_size
         self.queue: asyncio.Queue[CallRecord] = asyncio.Queue(queue_size)
         self.recorded = 0
@@ -286,6 +295,8 @@ class SpanBatcher:
                 await asyncio.sleep(0)  # a big batch must not stall the calls sharing this loop
             try:
                 spans.append(build_span(record))
+                if self.on_usage is not None:
+                    self.on_usage(spans[-1].attributes.get(sc.LLM_USAGE))
             except Exception:  # a bug here must not kill the recorder
                 self.failed += 1
                 logger.exception("could not build the span of a %s call", record.api)

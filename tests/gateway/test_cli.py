@@ -26,7 +26,11 @@ def test_serve_proxies_and_rejects_bad_urls() -> None:
     assert bad.exit_code != 0 and "http://" in bad.output
     port = free_port()
     with OpenAIUpstream(api_key="upstream-key-123") as up:
-        env = {**os.environ, "AGL_GATEWAY_UPSTREAM_API_KEY": "upstream-key-123"}
+        env = {
+            **os.environ,
+            "AGL_GATEWAY_UPSTREAM_API_KEY": "upstream-key-123",
+            "AGL_GATEWAY_TOKEN": "admin-tok",
+        }
         cmd = [sys.executable, "-m", "agl", "gateway", "serve", "--store", "memory://", "--upstream", up.base_url,
                "--port", str(port), "--kind", "openai"]  # fmt: skip
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -45,6 +49,11 @@ def test_serve_proxies_and_rejects_bad_urls() -> None:
                            json={"model": "m", "messages": [{"role": "user", "content": "ping"}]})  # fmt: skip
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "echo: ping"
             assert up.requests[-1].headers["authorization"] == "Bearer upstream-key-123"
+            base, admin = f"http://127.0.0.1:{port}", {"authorization": "Bearer admin-tok"}
+            assert httpx.post(f"{base}/admin/pause").status_code == 401  # AGL_GATEWAY_TOKEN guards admin
+            assert httpx.get(f"{base}/admin/stats", headers=admin).json()["paused"] is False
+            metrics = httpx.get(f"{base}/metrics", headers=admin).text
+            assert 'agl_gateway_calls_total{api="chat.completions",status="200"} 1.0' in metrics
         finally:
             proc.terminate()
             proc.wait(10)

@@ -3,13 +3,16 @@
 Routes: ``POST /v1/chat/completions`` (incl. ``stream``), ``POST /v1/completions``, ``POST /v1/responses``
 (incl. ``stream``), ``GET /v1/models``,
 ``GET /health``, ``POST /v1/weights``. Bad input answers 400 with an OpenAI error body naming the field.
-Any ``model`` name is accepted: one engine serves one model.
+Any ``model`` name is accepted: one engine serves one model. With a ``token`` every route but ``/health``
+needs ``Authorization: Bearer <token>`` (as vLLM's ``--api-key``): model calls as well as weight loads,
+since an open engine lets anyone on the network use the GPU; the gateway sends it as its upstream key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 import uuid
@@ -137,8 +140,29 @@ async def _chat_stream(
         yield _sse(out)
 
 
-def build_app(engine: Engine) -> FastAPI:
-    """The FastAPI app serving ``engine``."""
+class _BearerAuth:
+    """401 (OpenAI error body) unless ``Authorization: Bearer <token>`` matches; ``/health`` stays open."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] != "/health":
+            given = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                message = (
+                    "missing or wrong bearer token; send Authorization: Bearer <token> (AGL_ENGINE_TOKEN)"
+                )
+                body = {"error": {"message": message, "type": "authentication_error", "param": None}}
+                body["error"]["code"] = "invalid_api_key"
+                await Response(orjson.dumps(body), 401, media_type="application/json")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(engine: Engine, token: str | None = None) -> FastAPI:
+    """The FastAPI app serving ``engine``; with ``token`` every route but ``/health`` needs it."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -228,17 +252,30 @@ def build_app(engine: Engine) -> FastAPI:
         version = await engine.update_weights(Path(req.path), req.version, lora=req.lora)
         return JSONResponse({"model_version": version})
 
+    if token:
+        app.add_middleware(_BearerAuth, token=token)
     return app
 
 
 class EngineServer:
-    """``EngineServer(engine).start()`` serves on a free port in a background thread; ``base_url`` ends in /v1."""
+    """``EngineServer(engine).start()`` serves on a free port in a background thread; ``base_url`` ends in /v1.
+
+    ``token`` guards every route but ``/health``; pass it to the gateway as the
+    upstream's ``api_key``.
+    """
 
     def __init__(
-        self, engine: Engine | str | Path, host: str = "127.0.0.1", port: int = 0, **engine_kwargs: Any
+        self,
+        engine: Engine | str | Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | None = None,
+        **engine_kwargs: Any,
     ) -> None:
         self.engine = engine if isinstance(engine, Engine) else Engine(engine, **engine_kwargs)
-        self.app = build_app(self.engine)
+        self.token = token or None
+        self.app = build_app(self.engine, self.token)
         self._server = BackgroundServer(self.app, host=host, port=port)
 
     @property
