@@ -41,7 +41,8 @@ class VllmEngine:
 
     ``python`` is a Python with vllm (default: ``.venv-vllm`` from ``scripts/setup_vllm.sh``, or env
     ``AGL_VLLM_PYTHON``). ``max_lora_rank`` defaults to the algorithm's ``lora_rank`` rounded up to a
-    rank vLLM accepts. ``extra_args`` are appended to the server command line (e.g. GPU flags).
+    rank vLLM accepts. ``extra_args`` are appended to the server command line (e.g. GPU flags such as
+    ``("--gpu-memory-utilization", "0.4")``); ``enforce_eager=False`` keeps CUDA graphs on a GPU.
     """
 
     replicas: int = 1
@@ -51,6 +52,7 @@ class VllmEngine:
     kv_cache_gib: int = 1
     max_lora_rank: int | None = None
     extra_args: tuple[str, ...] = ()
+    enforce_eager: bool = True
     start_timeout_s: float = 600.0
     drain_timeout_s: float = 600.0
 
@@ -267,6 +269,7 @@ async def start_engines(
         "max_lora_rank": max_rank,
         "max_loras": 2,  # the new adapter loads before the old one is dropped
         "extra_args": list(spec.extra_args),
+        "enforce_eager": spec.enforce_eager,
     }
     started = await asyncio.gather(
         *(

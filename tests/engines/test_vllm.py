@@ -58,6 +58,7 @@ def test_command_has_eager_seed_and_lora_flags(tmp_path: Path) -> None:
     pythonpath = Path(server.environment()["PYTHONPATH"].split(os.pathsep)[0])
     assert sorted(p.name for p in pythonpath.iterdir()) == ["agl_vllm_version.py"]  # nothing else shadows
     assert VllmServer(tmp_path, model_version="v3").environment()["AGL_MODEL_VERSION"] == "v3"
+    assert "--enforce-eager" not in VllmServer(tmp_path, enforce_eager=False).command(Path("p"))
     plain = VllmServer(tmp_path)
     assert "--enable-lora" not in plain.command(Path("p"))
 
