@@ -91,20 +91,21 @@ def test_agent_may_be_a_lit_agent_class_and_bad_specs_are_explained(served: Stor
             load_agent(spec)
 
 
-@pytest.mark.timeout(60)
-def test_sigterm_lets_the_in_flight_attempt_finish(served: StoreProcess) -> None:
-    (rid,) = asyncio.run(_enqueue(served.url, [2]))
-    proc = agl_runner(served.url, "tests.runner.store_process:sleepy", "--grace", "20")
+@pytest.mark.timeout(90)
+def test_sigterm_reaches_every_worker_and_lets_in_flight_attempts_finish(served: StoreProcess) -> None:
+    ids = asyncio.run(_enqueue(served.url, [2, 2]))
+    proc = agl_runner(served.url, "tests.runner.store_process:sleepy", "--workers", "2", "--grace", "20")
     assert proc.stdout is not None
-    deadline = time.monotonic() + 40
-    while "sleepy started" not in proc.stdout.readline():
+    deadline, started = time.monotonic() + 60, 0
+    while started < 2:  # one attempt in each worker process
         assert time.monotonic() < deadline and proc.poll() is None
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+        started += "sleepy started" in proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)  # to the parent only: it passes the signal on
+    out, _ = proc.communicate(timeout=40)
     assert proc.returncode == 0, out
-    assert "1 attempts, 1 succeeded" in out
-    (rollout,), _ = asyncio.run(_finished(served.url, [rid]))
-    assert rollout.status == RolloutStatus.SUCCEEDED
+    assert out.count("1 attempts, 1 succeeded") == 2, out
+    rollouts, workers = asyncio.run(_finished(served.url, ids))
+    assert [r.status for r in rollouts] == [RolloutStatus.SUCCEEDED] * 2 and len(workers) == 2
 
 
 class Sum(Algorithm):
