@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
+from agl import semconv as sc
+from agl.schemas import Span
 from tests.dashboard.conftest import TOKEN, Filled
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -173,3 +175,22 @@ def test_a_new_rollout_appears_without_a_reload(page: Any, filled: Filled) -> No
     assert page.evaluate("window.__noReload") is True
     assert rows(page)[0] == new_id  # newest first
     page.screenshot(path=SHOTS / "rollouts-live.png")
+
+
+def test_a_running_rollout_page_follows_new_spans_and_its_end(page: Any, filled: Filled) -> None:
+    store = httpx.Client(base_url=f"{filled.url}/v1/agl", headers={"Authorization": f"Bearer {TOKEN}"})
+    claim = store.post("/rollouts/start", json={"rollout": {"input": "watch me", "mode": "test"}}).json()
+    rollout_id, attempt_id = claim["rollout"]["rollout_id"], claim["attempt"]["attempt_id"]
+    filled.rewards[rollout_id], filled.modes[rollout_id] = 0.25, "test"
+    page.goto(f"{filled.url}/ui/#/rollout/{rollout_id}")
+    page.get_by_text("No spans.").wait_for()
+    page.evaluate("window.__noReload = true")
+    reward = Span.new(rollout_id, attempt_id, sc.SPAN_REWARD, {sc.REWARD_VALUE: 0.25})
+    store.post("/spans", json={"spans": [reward.model_dump(mode="json")]}).raise_for_status()
+    store.patch(
+        f"/rollouts/{rollout_id}/attempts/{attempt_id}", json={"status": "succeeded"}
+    ).raise_for_status()
+    page.locator(".card.reward .big-reward", has_text="0.250").wait_for(timeout=10_000)
+    page.locator("h2 .badge", has_text="succeeded").wait_for(timeout=10_000)
+    assert page.evaluate("window.__noReload") is True
+    store.close()
