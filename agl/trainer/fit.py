@@ -76,7 +76,9 @@ async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: 
     out.mkdir(parents=True, exist_ok=True)
     async with contextlib.AsyncExitStack() as stack:
         store, owns_store = _open_store(trainer, out)
-        if owns_store:
+        if owns_store or _is_client(store):
+            # a client's aclose only drops this event loop's connection pool, which dies with the loop
+            # anyway; the caller's client stays usable
             stack.push_async_callback(store.aclose)
         ctx = TrainingContext(store=store, output_dir=str(out))
         model_path = getattr(trainer.algorithm, "model_path", None)
@@ -107,6 +109,12 @@ async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: 
             runner_task.result()  # its exception, if it raised one
             raise RuntimeError("the in-process runner stopped while the algorithm was still running")
         return algorithm_task.result()
+
+
+def _is_client(store: LightningStore) -> bool:
+    from agl.store.client import LightningStoreClient
+
+    return isinstance(store, LightningStoreClient)
 
 
 async def _cancel(task: asyncio.Future[Any]) -> None:

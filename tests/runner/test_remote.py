@@ -124,12 +124,15 @@ def test_fit_with_only_external_runners(
     monkeypatch.setenv("AGL_STORE_TOKEN", TOKEN)  # fit opens store=URL with it
     proc = agl_runner(served.url, "tests.runner.store_process:square", "--concurrency", "4")
     try:
+        local_agent = agl.rollout(lambda task: 0.0)  # never runs: the squares prove the external one did
         trainer = agl.Trainer(algorithm=Sum(), n_runners=0, store=served.url, output_dir=str(tmp_path))
-        assert (
-            trainer.fit(agl.rollout(lambda task: 0.0), [1, 2, 3]) == 14.0
-        )  # squares: the external agent ran
+        assert trainer.fit(local_agent, [1, 2, 3]) == 14.0
+        client = LightningStoreClient(served.url, token=TOKEN)  # a client object works too, and stays usable
+        trainer = agl.Trainer(algorithm=Sum(), n_runners=0, store=client, output_dir=str(tmp_path))
+        assert trainer.fit(local_agent, [4]) == 16.0
+        assert trainer.fit(local_agent, [5]) == 25.0
         attempts = asyncio.run(_attempt_statuses(served.url))
-        assert attempts and set(attempts) == {AttemptStatus.SUCCEEDED}
+        assert len(attempts) == 5 and set(attempts) == {AttemptStatus.SUCCEEDED}
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
