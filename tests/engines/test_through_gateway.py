@@ -28,9 +28,14 @@ from .conftest import TOOL_MESSAGES, TOOLS
 RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
 
 
+ENGINE_TOKEN = "engine-token-0123456789"
+AUTH = {"authorization": f"Bearer {ENGINE_TOKEN}"}
+
+
 @pytest.fixture(scope="module")
 def engine(tool_model_path: Path) -> Iterator[EngineServer]:
-    with EngineServer(tool_model_path, max_batch_size=4) as srv:
+    """The engine behind a bearer token: the gateway reaches it with the token as its upstream key."""
+    with EngineServer(tool_model_path, max_batch_size=4, token=ENGINE_TOKEN) as srv:
         yield srv
 
 
@@ -43,7 +48,7 @@ async def store(tmp_path: Path) -> AsyncIterator[LightningStore]:
 
 @pytest.fixture
 def gateway(store: LightningStore, engine: EngineServer) -> Iterator[Gateway]:
-    with Gateway(store, [UpstreamConfig(url=engine.base_url, kind="agl")]) as gw:
+    with Gateway(store, [UpstreamConfig(url=engine.base_url, kind="agl", api_key=engine.token)]) as gw:
         yield gw
 
 
@@ -172,21 +177,41 @@ async def test_responses_stream_records_ids_equal_to_non_streamed(
     ],
 )
 def test_bad_responses_input_gets_400_naming_the_field(engine: EngineServer, body: dict, param: str) -> None:
-    r = httpx.post(f"{engine.base_url}/responses", json={"model": "m", **body})
+    r = httpx.post(f"{engine.base_url}/responses", json={"model": "m", **body}, headers=AUTH)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
 
 
 def test_responses_through_the_sdk_directly(engine: EngineServer) -> None:
-    client = openai.OpenAI(base_url=engine.base_url, api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=engine.base_url, api_key=ENGINE_TOKEN, max_retries=0)
     reply = client.responses.create(
         model="m", instructions="Be brief.", input=[{"role": "user", "content": "Hi"}], max_output_tokens=4
     )
     assert reply.status == "incomplete" and reply.incomplete_details is not None
     assert reply.usage is not None and reply.usage.output_tokens == 4
     raw = httpx.post(
-        f"{engine.base_url}/responses", json={"model": "m", "input": "Hi", "max_output_tokens": 3}
+        f"{engine.base_url}/responses",
+        json={"model": "m", "input": "Hi", "max_output_tokens": 3},
+        headers=AUTH,
     ).json()
     assert len(raw["token_ids"]) == 3 == len(raw["logprobs"]["content"]) and raw["prompt_token_ids"]
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="m", input=[])
+
+
+def test_engine_token_guards_every_route_but_health(engine: EngineServer, tmp_path: Path) -> None:
+    assert httpx.get(f"{engine.url}/health").status_code == 200
+    for headers in ({}, {"authorization": "Bearer wrong"}):
+        for method, path, body in [
+            ("POST", "/v1/weights", {"path": str(tmp_path)}),
+            ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ("POST", "/v1/responses", {"input": "hi"}),
+            ("GET", "/v1/models", None),
+        ]:
+            r = httpx.request(method, engine.url + path, json=body, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+    assert engine.engine.model_version == "v0"  # the refused weight load changed nothing
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=engine.base_url, api_key="wrong", max_retries=0).models.list()
+    models = openai.OpenAI(base_url=engine.base_url, api_key=ENGINE_TOKEN, max_retries=0).models.list()
+    assert [m.id for m in models.data] == [engine.engine.model_name]
