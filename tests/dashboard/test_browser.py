@@ -176,9 +176,8 @@ def test_a_new_rollout_appears_without_a_reload(page: Any, filled: Filled) -> No
     assert rows(page)[0] == new_id  # newest first
     page.screenshot(path=SHOTS / "rollouts-live.png")
     cancel = {"status": "cancelled"}  # leave the queue as the API tests expect it, whatever the order
-    httpx.patch(
-        f"{filled.url}/v1/agl/rollouts/{new_id}", json=cancel, headers={"Authorization": f"Bearer {TOKEN}"}
-    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    httpx.patch(f"{filled.url}/v1/agl/rollouts/{new_id}", json=cancel, headers=auth).raise_for_status()
 
 
 def test_a_running_rollout_page_follows_new_spans_and_its_end(page: Any, filled: Filled) -> None:
