@@ -379,8 +379,12 @@ function chart(title, series, xLabel, xFormat, integerX) {
     svg.append(s("line", { class: "grid", x1: L, x2: W - R, y1: Y(t), y2: Y(t) }),
       s("text", { x: L - 6, y: Y(t) + 4, "text-anchor": "end" }, +t.toFixed(4)));
   }
+  const shown = new Set(); // ticks finer than the format (seconds of a short run) would repeat a label
   for (const t of niceTicks(x0, x1, 4).filter((t) => !integerX || Number.isInteger(t))) {
-    svg.append(s("text", { x: X(t), y: H - B + 16, "text-anchor": "middle" }, xFormat ? xFormat(t) : +t.toFixed(4)));
+    const label = xFormat ? xFormat(t) : String(+t.toFixed(4));
+    if (shown.has(label)) continue;
+    shown.add(label);
+    svg.append(s("text", { x: X(t), y: H - B + 16, "text-anchor": "middle" }, label));
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }),
     s("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }),
