@@ -20,8 +20,9 @@ _SHOWN = ("reward_mean", "val_reward", "loss", "sft_loss", "step_time_s")
 class MetricsLogger:
     """``log(step, {name: value})`` writes ``metrics.csv`` and TensorBoard events under ``out_dir``.
 
-    ``total`` and ``progress_key`` drive the progress bar: by default it counts steps up to
-    ``total_steps``; with ``progress_key`` it shows that value (e.g. metric calls spent of a budget).
+    ``total_steps`` and ``progress_key`` drive the progress bar: by default it counts steps; with
+    ``progress_key`` it shows that value (e.g. metric calls spent of a budget), labelled ``label``.
+    The console line names the step ``step_name`` (default ``label``).
     ``plot_x``/``plot_y`` name the columns :meth:`close` draws into ``curve.png`` (matplotlib, if installed).
     """
 
@@ -35,6 +36,7 @@ class MetricsLogger:
         console: bool = True,
         shown: Sequence[str] = _SHOWN,
         label: str = "step",
+        step_name: str | None = None,
         progress_key: str | None = None,
         plot_x: str = "step",
         plot_y: Sequence[str] | None = None,
@@ -45,6 +47,7 @@ class MetricsLogger:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
         self.shown, self.label, self.progress_key = tuple(shown), label, progress_key
+        self.step_name = step_name or label
         self.plot_x, self.plot_y, self.title = plot_x, tuple(plot_y or shown), title
         existing = self.out_dir / "metrics.csv"
         if resume and existing.exists():  # keep the earlier run's rows
@@ -105,7 +108,9 @@ class MetricsLogger:
             done = row.get(self.progress_key, step) if self.progress_key else step
             self._progress.update(self._task, completed=done, summary=summary)
         if self._console is not None:
-            self._console.print(f"[dim]{self.title}[/dim] {self.label} {step}: {summary}", highlight=False)
+            self._console.print(
+                f"[dim]{self.title}[/dim] {self.step_name} {step}: {summary}", highlight=False, soft_wrap=True
+            )
         log.info("step %d: %s", step, row)
 
     def _write_csv(self) -> None:

@@ -549,6 +549,7 @@ class APO:
             console=cfg.progress,
             shown=("metric_calls", "best_val_score", "leader_probe_score", "candidates"),
             label="metric calls" if budget else "round",
+            step_name="round",
             progress_key="metric_calls" if budget else None,
             plot_x="metric_calls",
             plot_y=("best_val_score", "leader_probe_score"),

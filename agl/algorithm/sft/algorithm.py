@@ -130,6 +130,7 @@ class SFT(Algorithm):
             console=self.config.progress,
             shown=("iteration", "sft_loss", "val_reward", "samples"),
             label="iteration",
+            step_name="step",
             progress_key="iteration",
             plot_y=("sft_loss", "val_reward"),
             title="SFT",
