@@ -104,11 +104,15 @@ async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: 
         stack.push_async_callback(stop_runner)
         algorithm_task: asyncio.Future[Any] = asyncio.ensure_future(entry(ctx, train, val))
         stack.push_async_callback(_cancel, algorithm_task)
-        await asyncio.wait({algorithm_task, runner_task}, return_when=asyncio.FIRST_COMPLETED)
-        if not algorithm_task.done():  # the runner ended on its own: nothing would run the rollouts
-            runner_task.result()  # its exception, if it raised one
-            raise RuntimeError("the in-process runner stopped while the algorithm was still running")
-        return algorithm_task.result()
+        try:
+            await asyncio.wait({algorithm_task, runner_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not algorithm_task.done():  # the runner ended on its own: nothing would run the rollouts
+                runner_task.result()  # its exception, if it raised one
+                raise RuntimeError("the in-process runner stopped while the algorithm was still running")
+            return algorithm_task.result()
+        except BaseException:
+            runner.shutdown_grace_s = 0  # nobody will read in-flight rollouts: fail them now, not after grace
+            raise
 
 
 def _is_client(store: LightningStore) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from agl.algorithm.base import Algorithm, TrainingContext
 from agl.algorithm.sft import SFT, SFTConfig
 from agl.errors import ConfigError
 from agl.models import tiny_model
-from agl.schemas import LLM, PromptTemplate, RolloutStatus
+from agl.schemas import LLM, PromptTemplate, RolloutCreate, RolloutStatus
+from agl.store import SqliteLightningStore
 from agl.testing.simulated_lm import SimulatedLM, SimulatedLMServer, make_tasks
 from examples.apo.agent import price_agent
 
@@ -71,6 +73,16 @@ class RaisesAfterRollouts(Algorithm):
         raise Boom(f"after {len(done)} rollouts")
 
 
+class RaisesWhileRolloutsRun(Algorithm):
+    """Enqueues slow rollouts, then raises: fit must not wait for them (nor for the runner's grace)."""
+
+    async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Any:
+        await ctx.store.enqueue_rollouts([RolloutCreate(input=60) for _ in range(2)])
+        while sum((await ctx.store.statistics()).attempts_by_status.values()) < 2:  # both claimed
+            await asyncio.sleep(0.05)
+        raise Boom("with two attempts in flight")
+
+
 class Mean(Algorithm):
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> float:
         done = await ctx.rollouts(train, group_size=2)
@@ -87,6 +99,31 @@ def _agl_threads() -> set[str]:
 def test_an_algorithm_that_raises_ends_fit_promptly(tmp_path: Path, algorithm: type[Algorithm]) -> None:
     with pytest.raises(Boom):
         agl.Trainer(algorithm=algorithm(), n_runners=2, output_dir=str(tmp_path)).fit(echo_agent, [1, 2])
+
+
+@agl.rollout
+async def sleeper(task: int) -> float:
+    await asyncio.sleep(task)
+    return 1.0
+
+
+@pytest.mark.timeout(30)
+def test_an_algorithm_raising_with_rollouts_in_flight_fails_them_at_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(Boom):
+        agl.Trainer(algorithm=RaisesWhileRolloutsRun(), n_runners=2, output_dir=str(tmp_path)).fit(
+            sleeper, []
+        )
+    assert time.monotonic() - started < 8  # neither the 60 s agents nor the runner's 10 s grace
+
+    async def statuses() -> list[str]:
+        store = SqliteLightningStore(tmp_path / "store.db")
+        rollouts = (await store.query_rollouts()).items
+        await store.aclose()
+        return [r.status.value for r in rollouts]
+
+    final = asyncio.run(statuses())
+    assert len(final) == 2 and not {"running", "preparing"} & set(final)  # reported, not left claimed
 
 
 @pytest.mark.slow
