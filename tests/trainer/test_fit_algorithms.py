@@ -206,3 +206,21 @@ def test_fit_runs_sft_on_the_tiny_model(tmp_path: Path) -> None:
     assert result["history"][0]["samples"] > 0
     assert (tmp_path / "sft-iteration-1.jsonl").read_text().strip()
     assert _agl_threads() <= before  # runners, gateway and engine threads are gone
+
+
+def test_the_published_llm_endpoint_names_a_host_remote_runners_can_reach() -> None:
+    import socket
+    from types import SimpleNamespace
+
+    from agl.trainer.fit import _public_endpoint
+
+    gateway = SimpleNamespace(
+        endpoint_template="http://0.0.0.0:8123/rollout/{rollout_id}/attempt/{attempt_id}/v1"
+    )
+    wildcard = agl.Trainer(gateway_host="0.0.0.0")
+    assert _public_endpoint(gateway, wildcard) == (
+        f"http://{socket.getfqdn()}:8123/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1"
+    )
+    named = agl.Trainer(gateway_host="0.0.0.0", public_host="trainer.lan")
+    assert _public_endpoint(gateway, named).startswith("http://trainer.lan:8123/rollout/")
+    assert _public_endpoint(gateway, agl.Trainer(public_host="fd00::1")).startswith("http://[fd00::1]:8123/")
