@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from tests.store.remote_backends import REMOTE_BACKENDS
 
 
 class FakeClock:
@@ -43,13 +44,12 @@ async def _sqlite(tmp_path: Path, clock: FakeClock) -> AsyncIterator[LightningSt
     await store.aclose()
 
 
-BACKENDS: dict[str, Callable[[Path, FakeClock], Any]] = {"memory": _memory, "sqlite": _sqlite}
-try:
-    from tests.store.remote_backends import REMOTE_BACKENDS
-
-    BACKENDS.update(REMOTE_BACKENDS)
-except ImportError:
-    pass
+# a failed import of the remote backends is a collection error, never a silently smaller suite
+BACKENDS: dict[str, Callable[[Path, FakeClock], Any]] = {
+    "memory": _memory,
+    "sqlite": _sqlite,
+    **REMOTE_BACKENDS,
+}
 
 
 @pytest.fixture
