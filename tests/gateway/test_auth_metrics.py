@@ -7,6 +7,7 @@ import re
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from agl.gateway import Gateway, UpstreamConfig
 from agl.store import InMemoryLightningStore
@@ -111,3 +112,7 @@ async def test_metrics_count_calls_latency_tokens_pause_and_spans(
     assert metric(text, "agl_gateway_spans_total", outcome="recorded") == 5
     assert metric(text, "agl_gateway_spans_total", outcome="dropped") == 0
     assert metric(text, "agl_gateway_upstream_healthy", backend=upstream.base_url) == 1
+    # valid exposition format: Prometheus' own parser reads it, buckets are cumulative and end at the count
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    buckets = [x.value for x in families["agl_gateway_call_seconds"].samples if x.name.endswith("_bucket")]
+    assert buckets == sorted(buckets) and buckets[-1] == 5
