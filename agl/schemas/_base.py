@@ -38,8 +38,53 @@ def check_json(value: JsonT, field: str, max_depth: int = MAX_JSON_DEPTH) -> Jso
     ``max_depth`` (it would be unreadable later), integers outside 64 bits, non-string keys,
     unpaired surrogates and non-JSON types. The message names the offending path under ``field``.
     """
-    _walk(value, field, max_depth)
+    if not _fine(value, max_depth):
+        _walk(value, field, max_depth)  # the slow walk finds the problem and names its path
     return value
+
+
+_INF = math.inf
+
+
+def _fine(value: Any, depth: int) -> bool:
+    """True when ``value`` is storable JSON: the fast check, building no paths (on every span's attributes)."""
+    kind = type(value)
+    if kind is dict:
+        for key in value:
+            if type(key) is not str or not (key.isascii() or _utf8(key)):
+                return False
+        items = value.values()
+    elif kind is list or kind is tuple:
+        items = value
+    else:
+        return _fine([value], depth + 1)
+    if depth <= 0:
+        return False
+    for item in items:
+        kind = type(item)
+        if kind is str:
+            if not (item.isascii() or _utf8(item)):
+                return False
+        elif kind is int:
+            if not _INT_MIN <= item <= _INT_MAX:
+                return False
+        elif kind is float:
+            if not -_INF < item < _INF:  # False for NaN too
+                return False
+        elif kind is dict or kind is list or kind is tuple:
+            if not _fine(item, depth - 1):
+                return False
+        elif item is not None and kind is not bool:
+            return False
+    return True
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _walk(value: Any, path: str, depth: int) -> None:
