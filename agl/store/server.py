@@ -6,9 +6,11 @@ the client raises the same class again. Bad input is always a 4xx, never a 5xx. 
 runner makes per rollout skip FastAPI's machinery (``_hot_routes``); FastAPI serves the rest.
 
 Auth and exposure: with a token, every route but ``/health`` needs ``Authorization: Bearer <token>``
-(compared in constant time). Request bodies are capped (``max_body_bytes``, 413 beyond).
+(compared in constant time), ``/metrics`` included (``_metrics`` says why). Request bodies are
+capped (``max_body_bytes``, 413 beyond; for gzip OTLP bodies the decompressed size counts too).
 Non-idempotent calls (dequeue, start, sequence ids) honour an ``Idempotency-Key`` header, so a
-client retry after a lost response gets the first answer instead of a second claim.
+client retry after a lost response gets the first answer instead of a second claim; the same key
+sent with another route or body is refused (409) rather than answered with the other call's result.
 """
 
 from __future__ import annotations
