@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 
+import agl
 from agl import semconv as sc
 from agl.algorithm.grpo.logprobs import token_logprobs
 from agl.algorithm.grpo.loss import LossConfig
 from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate, sft_loss
-from agl.algorithm.sft import export_jsonl, samples_from_messages, select_rollouts
+from agl.algorithm.sft import SFT, SFTConfig, export_jsonl, samples_from_messages, select_rollouts
 from agl.models import tiny_model
 from agl.schemas import Rollout, RolloutStatus, Span
 
@@ -118,3 +121,41 @@ def test_export_openai_jsonl(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "calculator"
     assert lines[1]["messages"][-1]["content"] == "Answer: 7"
+
+
+@agl.rollout
+async def digits_agent(task: str, llm: agl.LLM) -> float:
+    """Reward: the share of digits in a 4-token reply (any reply is kept: ``min_reward=None``)."""
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+    reply = await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task}], max_tokens=4
+    )
+    await client.close()
+    return sum(c.isdigit() for c in reply.choices[0].message.content or "") / 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sft_run_shows_steps_and_writes_a_loss_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = SFTConfig(
+        model_path=str(tiny_model()),
+        iterations=1,
+        samples_per_task=2,
+        tasks_per_iteration=2,
+        min_reward=None,
+        top_k_per_task=1,
+        batch_size=1,
+        lr=1e-3,
+    )
+    agl.Trainer(algorithm=SFT(config), n_runners=2, output_dir=str(tmp_path)).fit(
+        digits_agent, ["a", "b"], ["c"]
+    )
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    losses = [float(r["sft_loss"]) for r in rows if r.get("sft_loss")]
+    assert losses and all(loss > 0 for loss in losses)  # a row per gradient step
+    assert rows[-1]["val_reward"] != ""
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    err = capsys.readouterr().err
+    assert "SFT step 1: iteration=" in err and "sft_loss=" in err  # visible without logging setup
