@@ -79,6 +79,13 @@ def _fine(value: Any, depth: int) -> bool:
     return True
 
 
+def check_no_nul(value: str | None, field: str) -> str | None:
+    """``value`` unless it holds a NUL character, which PostgreSQL's text columns (ids, names) refuse."""
+    if value is not None and "\x00" in value:
+        raise ValueError(f"{field} contains a NUL character; ids, modes and names must be text without NUL")
+    return value
+
+
 def _utf8(text: str) -> bool:
     try:
         text.encode("utf-8")

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from agl.schemas._base import WireModel, check_json
+from agl.schemas._base import WireModel, check_json, check_no_nul
 
 
 class RolloutStatus(str, Enum):
@@ -70,6 +70,11 @@ class RolloutCreate(WireModel):
     def _storable(cls, v: Any, info: ValidationInfo) -> Any:
         """Rejected here, not at read time: an unreadable rollout would block dequeue for every worker."""
         return check_json(v, info.field_name or "value")
+
+    @field_validator("rollout_id", "mode", "group_id", "resources_id")
+    @classmethod
+    def _no_nul(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return check_no_nul(v, info.field_name or "id")
 
 
 class Rollout(WireModel):

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from agl.schemas._base import WireModel, check_json
+from agl.schemas._base import WireModel, check_json, check_no_nul
 
 _HEX = frozenset("0123456789abcdef")
 # the most a client may choose; the store counts on from there, with 2**62 ids of room in a 64-bit column
@@ -85,6 +85,11 @@ class Span(WireModel):
     status: SpanStatus = Field(default_factory=SpanStatus)
     resource: dict[str, Any] = Field(default_factory=dict)
     sequence_id: int | None = Field(None, ge=0, description="Assigned by the store when absent.")
+
+    @field_validator("rollout_id", "attempt_id", "name")
+    @classmethod
+    def _no_nul(cls, v: str, info: ValidationInfo) -> str:
+        return check_no_nul(v, info.field_name or "name") or v
 
     @field_validator("attributes", "resource")
     @classmethod

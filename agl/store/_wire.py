@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from agl.schemas import AttemptStatus, Resource, RolloutCreate, RolloutStatus, Span, WireModel, WorkerStatus
-from agl.schemas._base import check_json
+from agl.schemas._base import check_json, check_no_nul
 from agl.schemas.span import MAX_SEQUENCE_ID
 from agl.store._logic import sequence_id_problem
 
@@ -15,15 +15,24 @@ API_PREFIX = "/v1/agl"
 MAX_WAIT_S = 30.0
 
 
+class _NoNul(WireModel):
+    """A body whose ids end up in text columns, which PostgreSQL refuses with a NUL inside."""
+
+    @field_validator("worker_id", "resources_id", "parent_id", check_fields=False)
+    @classmethod
+    def _no_nul(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return check_no_nul(v, info.field_name or "id")
+
+
 class EnqueueRequest(WireModel):
     rollouts: list[RolloutCreate] = Field(min_length=1, max_length=10_000)
 
 
-class DequeueRequest(WireModel):
+class DequeueRequest(_NoNul):
     worker_id: str = Field(min_length=1)
 
 
-class StartRequest(WireModel):
+class StartRequest(_NoNul):
     rollout: RolloutCreate
     worker_id: str | None = None
 
@@ -104,7 +113,7 @@ class SpanQuery(WireModel):
     cursor: str | None = None
 
 
-class ResourcesRequest(_JsonChecked):
+class ResourcesRequest(_JsonChecked, _NoNul):
     resources: dict[str, Resource]
     resources_id: str | None = None
     parent_id: str | None = None

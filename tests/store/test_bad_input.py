@@ -323,6 +323,25 @@ async def test_nan_and_infinity_are_4xx_naming_the_field(stack: Stack) -> None:
     assert await stack.snapshot() == before
 
 
+async def test_nul_in_ids_and_names_is_422_on_every_backend(stack: Stack) -> None:
+    """PostgreSQL's text columns refuse NUL, so every backend refuses it at the door alike."""
+    before = await stack.snapshot()
+    cases: list[tuple[str, dict[str, Any], str]] = [
+        ("/rollouts", {"rollouts": [{"rollout_id": "ro-\u0000"}]}, "rollouts.0.rollout_id"),
+        ("/rollouts", {"rollouts": [{"mode": "tr\u0000ain"}]}, "rollouts.0.mode"),
+        ("/rollouts", {"rollouts": [{"group_id": "\u0000"}]}, "rollouts.0.group_id"),
+        ("/rollouts/start", {"rollout": {}, "worker_id": "w\u0000"}, "worker_id"),
+        ("/rollouts/dequeue", {"worker_id": "w\u0000"}, "worker_id"),
+        ("/resources", {"resources": {}, "resources_id": "rs-\u0000"}, "resources_id"),
+        ("/spans", {"spans": [stack.span(name="a\u0000b")]}, "spans.0.name"),
+    ]
+    for path, body, field in cases:
+        assert_error(await stack.http.post(path, json=body), 422, field, "NUL")
+    assert await stack.snapshot() == before
+    ok = await stack.http.post("/rollouts", json={"rollouts": [{"input": "text with \u0000 is fine"}]})
+    assert ok.status_code == 200 and ok.json()[0]["input"] == "text with \u0000 is fine"
+
+
 def test_emit_reward_refuses_nan_at_the_agent() -> None:
     for value in (math.nan, math.inf, {"a": 1.0, "b": -math.inf}):
         with pytest.raises(AgentError, match="finite"):
