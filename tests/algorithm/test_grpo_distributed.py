@@ -79,8 +79,10 @@ def test_two_gloo_ranks_give_the_single_process_gradient_and_step() -> None:
         digests = ranked.check_in_sync()  # rank 1 took the same step: its parameters equal rank 0's
         assert len(digests) == 2
     finally:
-        ranked.close()
+        ranked.close(graceful=False)  # the error path: no stop message, the spawned rank is terminated
     assert not dist.is_initialized()
+    ranked._processes[0].join(timeout=10)
+    assert not ranked._processes[0].is_alive()
 
 
 def test_world_size_must_be_at_least_two() -> None:

@@ -222,6 +222,7 @@ async def train_steps(
             DistributedPolicy.start, grpo.policy, cfg.world_size, checkpoint
         )
     out = Path(ctx.output_dir)
+    failed = False
     try:
         for step in range(first_step, cfg.steps + 1):
             started = time.perf_counter()
@@ -255,9 +256,12 @@ async def train_steps(
             row.update(step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s)
             metrics.log(step, row)
             grpo.history.append(row)
+    except BaseException:
+        failed = True
+        raise
     finally:
         await pipeline.close()
         if cfg.world_size > 1:
-            await asyncio.to_thread(grpo.policy.close)
+            await asyncio.to_thread(grpo.policy.close, not failed)
             grpo.policy = grpo.policy.policy
     return float(val_after)

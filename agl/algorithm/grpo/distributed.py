@@ -255,18 +255,23 @@ class DistributedPolicy:
             raise RuntimeError(f"data-parallel ranks drifted apart: parameter checksums {digests}")
         return [float(d) for d in digests]
 
-    def close(self) -> None:
-        """Stop the other ranks and leave the process group (idempotent)."""
+    def close(self, graceful: bool = True) -> None:
+        """Stop the other ranks and leave the process group (idempotent).
+
+        ``graceful=False`` (after an error, when ranks may sit in different collectives) sends nothing:
+        it leaves the group and terminates the spawned ranks; torchrun ranks end at their group timeout.
+        """
         if self._closed:
             return
         self._closed = True
         self.policy.data_parallel = False
         try:
-            _send(("stop",))
+            if graceful:
+                _send(("stop",))
         finally:
             dist.destroy_process_group()
             for proc in self._processes:
-                proc.join(timeout=30)
+                proc.join(timeout=30 if graceful else 0)
                 if proc.is_alive():
                     log.warning("rank process %s did not stop; terminating it", proc.pid)
                     proc.terminate()
