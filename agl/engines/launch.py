@@ -43,6 +43,7 @@ class VllmEngine:
     ``AGL_VLLM_PYTHON``). ``max_lora_rank`` defaults to the algorithm's ``lora_rank`` rounded up to a
     rank vLLM accepts. ``extra_args`` are appended to the server command line (e.g. GPU flags such as
     ``("--gpu-memory-utilization", "0.4")``); ``enforce_eager=False`` keeps CUDA graphs on a GPU.
+    ``cuda_devices`` gives replica ``i`` ``CUDA_VISIBLE_DEVICES=cuda_devices[i]`` (e.g. ``("0", "1")``).
     """
 
     replicas: int = 1
@@ -53,12 +54,17 @@ class VllmEngine:
     max_lora_rank: int | None = None
     extra_args: tuple[str, ...] = ()
     enforce_eager: bool = True
+    cuda_devices: tuple[str, ...] = ()
     start_timeout_s: float = 600.0
     drain_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ConfigError(f"VllmEngine.replicas must be >= 1, got {self.replicas}")
+        if self.cuda_devices and len(self.cuda_devices) != self.replicas:
+            raise ConfigError(
+                f"VllmEngine.cuda_devices needs one entry per replica ({self.replicas}), got {self.cuda_devices}"
+            )
         if self.max_model_len < 16:
             raise ConfigError(f"VllmEngine.max_model_len must be >= 16, got {self.max_model_len}")
         if self.max_lora_rank is not None and self.max_lora_rank not in _VLLM_LORA_RANKS:
@@ -192,7 +198,7 @@ class _VllmEngines(ServedEngines):
             replica.load_lora(adapter, folder)
             replica.set_model_version(version, {POLICY: adapter})  # requests for policy now use it
             if self.updates > 1:
-                replica.unload_lora(f"{POLICY}@v{self.updates - 1}", missing_ok=True)
+                replica.unload_lora(f"{POLICY}@v{self.updates - 1}")
         else:
             replica.restart(folder, self.spec.start_timeout_s, model_version=version)
 
@@ -215,6 +221,11 @@ def save_model_folder(state: dict[str, Any], base: Path, out: Path) -> Path:
         tensors[name] = t
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def _replica_options(spec: VllmEngine, work_dir: Path, i: int) -> dict[str, Any]:
+    env = {"CUDA_VISIBLE_DEVICES": spec.cuda_devices[i]} if spec.cuda_devices else {}
+    return {"log_path": work_dir / f"vllm-{i}.log", "env": env}
 
 
 def lora_rank_of(algorithm: Any) -> int:
@@ -274,7 +285,7 @@ async def start_engines(
     started = await asyncio.gather(
         *(
             asyncio.to_thread(
-                placer.vllm, {**options, "log_path": work_dir / f"vllm-{i}.log"}, spec.start_timeout_s
+                placer.vllm, {**options, **_replica_options(spec, work_dir, i)}, spec.start_timeout_s
             )
             for i in range(spec.replicas)
         ),

@@ -98,6 +98,7 @@ class VllmServer:
         log_path: str | Path | None = None,
         model_version: str = "v0",
         enforce_eager: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.model = Path(model)
         self.python = python
@@ -115,6 +116,7 @@ class VllmServer:
         self.log_path = Path(log_path) if log_path else None
         self.model_version = model_version
         self.enforce_eager = enforce_eager
+        self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES for this server
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -147,7 +149,7 @@ class VllmServer:
         )
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-        return env
+        return {**env, **self.env}
 
     def start(self, timeout_s: float = 300.0) -> VllmServer:
         """Launch and wait until ``/health`` answers (vLLM on CPU takes ~45 s with --enforce-eager)."""

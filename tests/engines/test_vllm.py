@@ -37,8 +37,11 @@ def require_vllm() -> Path:
 
 
 def needs_vllm(fn: F) -> F:
-    """Marks a test vllm + slow; its server fixture fails it with NO_VLLM when no vllm venv exists."""
-    return pytest.mark.vllm(pytest.mark.slow(fn))  # type: ignore[no-any-return]
+    """Marks a test vllm + slow; its server fixture fails it with NO_VLLM when no vllm venv exists.
+
+    The timeout covers a server start on a loaded machine (~45 s idle, minutes under load).
+    """
+    return pytest.mark.vllm(pytest.mark.slow(pytest.mark.timeout(900)(fn)))  # type: ignore[no-any-return]
 
 
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris."}]
@@ -59,6 +62,9 @@ def test_command_has_eager_seed_and_lora_flags(tmp_path: Path) -> None:
     assert sorted(p.name for p in pythonpath.iterdir()) == ["agl_vllm_version.py"]  # nothing else shadows
     assert VllmServer(tmp_path, model_version="v3").environment()["AGL_MODEL_VERSION"] == "v3"
     assert "--enforce-eager" not in VllmServer(tmp_path, enforce_eager=False).command(Path("p"))
+    assert (
+        VllmServer(tmp_path, env={"CUDA_VISIBLE_DEVICES": "1"}).environment()["CUDA_VISIBLE_DEVICES"] == "1"
+    )
     plain = VllmServer(tmp_path)
     assert "--enable-lora" not in plain.command(Path("p"))
 

