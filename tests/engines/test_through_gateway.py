@@ -121,7 +121,16 @@ async def test_responses_tool_call_and_follow_up_are_trainable(
     )
     assert second.status in ("completed", "incomplete") and second.output
 
-    a, b = await recorded(gateway, store, rid)
+    with pytest.raises(
+        openai.BadRequestError
+    ) as bad:  # the engine's 400 reaches the agent through the gateway
+        await client.responses.create(
+            model="policy", input=[{"type": "computer_call_output", "call_id": "c"}]
+        )  # type: ignore[list-item]
+    assert bad.value.body["param"] == "input[0].type"  # type: ignore[index]
+
+    a, b, failed = await recorded(gateway, store, rid)
+    assert failed.error is not None and not failed.has_token_ids
     assert (a.api, b.api) == ("responses", "responses")
     assert a.has_token_ids and b.has_token_ids and a.response_id == first.id
     assert a.tool_calls[0]["function"]["name"] == "get_weather"
