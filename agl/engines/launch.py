@@ -261,7 +261,8 @@ async def start_engines(
     placer = placer or LocalPlacer()
     if isinstance(spec, BuiltinEngine):
         replica = await asyncio.to_thread(placer.builtin, model_path, dict(spec.options))
-        return _BuiltinEngines([replica], [UpstreamConfig(url=replica.base_url, kind="agl")])
+        key = spec.options.get("token")  # EngineServer(token=...): the gateway sends it upstream
+        return _BuiltinEngines([replica], [UpstreamConfig(url=replica.base_url, kind="agl", api_key=key)])
     if not isinstance(spec, VllmEngine):
         raise ConfigError(f"engine must be BuiltinEngine(...) or VllmEngine(...), got {type(spec).__name__}")
     rank = lora_rank_of(algorithm)

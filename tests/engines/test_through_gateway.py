@@ -224,3 +224,23 @@ def test_engine_token_guards_every_route_but_health(engine: EngineServer, tmp_pa
         openai.OpenAI(base_url=engine.base_url, api_key="wrong", max_retries=0).models.list()
     models = openai.OpenAI(base_url=engine.base_url, api_key=ENGINE_TOKEN, max_retries=0).models.list()
     assert [m.id for m in models.data] == [engine.engine.model_name]
+
+
+async def test_trainer_engines_hand_their_token_to_the_gateway(
+    tiny_path: Path, tmp_path: Path, store: LightningStore
+) -> None:
+    from agl.engines.launch import BuiltinEngine, start_engines
+
+    engines = await start_engines(BuiltinEngine({"token": ENGINE_TOKEN}), str(tiny_path), work_dir=tmp_path)
+    try:
+        (upstream,) = engines.upstreams
+        assert upstream.api_key == ENGINE_TOKEN
+        assert httpx.get(f"{upstream.url}/models").status_code == 401
+        with Gateway(store, engines.upstreams) as gw:
+            rid, client = await rollout_client(gw, store)
+            reply = await client.chat.completions.create(model="policy", messages=TOOL_MESSAGES, max_tokens=3)
+            assert reply.usage is not None and reply.usage.completion_tokens == 3
+            (call,) = await recorded(gw, store, rid)
+            assert call.has_token_ids and ENGINE_TOKEN not in str(call.attributes)
+    finally:
+        engines.stop()
