@@ -30,8 +30,8 @@ AlgorithmEntry = Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Await
 
 
 def algorithm_entry(algorithm: Any) -> AlgorithmEntry:
-    """How ``fit`` calls ``algorithm``: ``run(ctx, train, val)`` for an ``agl.Algorithm`` (GRPO, SFT, yours),
-    ``run(store, train, val)`` for store-level searches (APO), or the ``async def fn(ctx, train, val)`` form.
+    """How ``fit`` calls ``algorithm``: ``run(ctx, train, val)`` for an ``agl.Algorithm`` (GRPO, APO, SFT,
+    yours) or any object with such an async ``run``, or the ``async def fn(ctx, train, val)`` form.
 
     Raises:
         ConfigError: ``algorithm`` has no async ``run`` and is no async function.
@@ -40,9 +40,6 @@ def algorithm_entry(algorithm: Any) -> AlgorithmEntry:
         return algorithm.run
     run = getattr(algorithm, "run", None)
     if run is not None and inspect.iscoroutinefunction(run):
-        params = list(inspect.signature(run).parameters)
-        if params and params[0] == "store":
-            return lambda ctx, train, val: run(ctx.store, train, val)
         return cast(AlgorithmEntry, run)
     if run is None and inspect.iscoroutinefunction(algorithm):
         return cast(AlgorithmEntry, algorithm)

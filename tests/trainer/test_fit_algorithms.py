@@ -184,6 +184,7 @@ def test_fit_runs_apo_against_the_simulated_lm(tmp_path: Path) -> None:
     assert isinstance(result, APOResult)
     assert result.rollouts_used > len(val) and len(result.history) > 1
     assert result.history[0].score == 0.0 and result.best.score == 1.0  # the search learned, via fit
+    assert (tmp_path / "metrics.csv").exists() and (tmp_path / "curve.png").exists()  # the trainer's dir
 
 
 @pytest.mark.slow

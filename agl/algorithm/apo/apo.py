@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from agl.algorithm.apo.search import Candidate, diagnose_baseline, extract_prompt, leader_key, pareto_parents
 from agl.algorithm.apo.trajectories import Trajectory, load_trajectories, render_trajectories
+from agl.algorithm.base import Algorithm, TrainingContext
 from agl.errors import AgentError, ConfigError
 from agl.schemas import LLM, PromptTemplate, Resource, RolloutCreate
 from agl.store.base import LightningStore
@@ -111,11 +112,12 @@ class BudgetExhausted(Exception):
     """Raised inside the search when the next step would exceed the rollout or LLM-call budget."""
 
 
-class APO:
-    """``await APO(config).run(store, train_tasks, val_tasks)`` returns the best prompt found.
+class APO(Algorithm):
+    """``Trainer(algorithm=APO(config)).fit(agent, train, val)``, or ``await APO(config).run(store, train, val)``.
 
     Runners must be serving the store's queue (the trainer starts them). The base resources are the
     store's latest version; its ``prompt_name`` entry must be a PromptTemplate (or pass ``initial_prompt``).
+    Under ``Trainer.fit`` the metrics and curve go to the trainer's output dir unless ``output_dir`` is set.
     """
 
     def __init__(self, config: APOConfig) -> None:
@@ -133,17 +135,23 @@ class APO:
         self._ancestors: dict[str, set[str]] = {}
         self._train_order: list[int] = []
         self._curve: list[tuple[int, float]] = []
+        self._output_dir: str | None = config.output_dir
 
     # ----- the search ------------------------------------------------------------------------
-    async def run(
+    async def run(  # a bare store works too, for use without a trainer
         self,
-        store: LightningStore,
+        ctx: TrainingContext | LightningStore,
         train_tasks: Sequence[Any],
         val_tasks: Sequence[Any],
         *,
         initial_prompt: str | None = None,
     ) -> APOResult:
         cfg = self.config
+        if isinstance(ctx, TrainingContext):
+            store = ctx.store
+            self._output_dir = cfg.output_dir or ctx.output_dir
+        else:
+            store, self._output_dir = ctx, cfg.output_dir
         base = await store.get_latest_resources()
         self._base: dict[str, Resource] = dict(base.resources) if base else {}
         if initial_prompt is None:
@@ -537,13 +545,13 @@ class APO:
     # ----- progress ------------------------------------------------------------------------
     def _metrics_logger(self, rounds: int | None) -> Any:
         cfg = self.config
-        if cfg.output_dir is None:
+        if self._output_dir is None:
             return None
         from agl.metrics import MetricsLogger
 
         budget = cfg.max_rollouts
         return MetricsLogger(
-            Path(cfg.output_dir),
+            Path(self._output_dir),
             total_steps=budget or rounds,
             progress=cfg.progress,
             console=cfg.progress,
