@@ -243,9 +243,10 @@ class _Remote:
         self.ray, self.actor = ray, actor
         try:
             self.base_url, self.pid = ray.get(actor.info.remote())
-        except Exception:
+        except ray.exceptions.RayError as exc:  # the actor's constructor raised: say why, not just "died"
             ray.kill(actor)
-            raise
+            why = str(exc).strip().splitlines()[-1]  # the traceback's last line: the original error
+            raise ConfigError(f"an engine actor failed to start: {why}") from exc
 
     def stop(self) -> None:
         try:

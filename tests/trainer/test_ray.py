@@ -74,6 +74,15 @@ def test_engine_actor_serves_the_tiny_model_and_takes_weights(ray_cluster: Any) 
         httpx.get(f"{engine.base_url}/models", timeout=5)
 
 
+def test_engine_actor_that_cannot_start_says_why(ray_cluster: Any, tmp_path: Path) -> None:
+    from agl.trainer.ray import RayLauncher, RayPlacer
+
+    placer = RayPlacer(RayLauncher(engine_options={"num_cpus": 0.5}))
+    options = {"model": str(tiny_model()), "python": str(tmp_path / "no-python")}
+    with pytest.raises(ConfigError, match="engine actor failed to start.*setup_vllm.sh"):
+        placer.vllm(options, timeout_s=60)
+
+
 @agl.rollout
 async def slow_hash_agent(task: str, llm: agl.LLM, rollout: agl.Rollout) -> float:
     """One chat call and a short pause, so two runner actors share the queue; reward varies by answer."""
