@@ -177,9 +177,9 @@ class _VllmEngines(ServedEngines):
             await asyncio.to_thread(self.save_adapter, folder)
         else:
             await asyncio.to_thread(save_model_folder, state, self.model_path, folder)
-        if gateway is not None:
-            await gateway.pause(self.spec.drain_timeout_s)
-        try:
+        try:  # a drain that times out also resumes: the error, not a stuck gateway, ends the run
+            if gateway is not None:
+                await gateway.pause(self.spec.drain_timeout_s)
             await asyncio.gather(
                 *(asyncio.to_thread(self._update, r, folder, version) for r in self.replicas)
             )
