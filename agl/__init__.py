@@ -54,7 +54,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-_SUBMODULES = {"models"}
+_SUBMODULES = {"models", "engines"}
 
 
 def __getattr__(name: str) -> Any:
