@@ -126,9 +126,15 @@ def _detail(span: Span) -> tuple[str, dict[str, Any]]:
     return "other", {}
 
 
-def span_view(span: Span, depth: int = 0) -> dict[str, Any]:
-    """One span as the page shows it: identity, timing, its category's readable fields, attributes."""
+def span_view(span: Span, depth: int = 0, recorded: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """One span as the page shows it: identity, timing, its category's readable fields, attributes.
+
+    A client-side trace of a call the gateway also recorded (same response id, in ``recorded``) is
+    category ``llm_trace``: it stays in the tree, but the transcript shows the call once.
+    """
     category, detail = _detail(span)
+    if category == "llm" and _traced_twin(span, recorded):
+        category = "llm_trace"
     attributes = {
         k: (f"<{len(v)} values>" if k in _BULKY and isinstance(v, list) else v)
         for k, v in span.attributes.items()
@@ -151,6 +157,11 @@ def span_view(span: Span, depth: int = 0) -> dict[str, Any]:
     }
 
 
+def _traced_twin(span: Span, recorded: frozenset[str]) -> bool:
+    a = span.attributes
+    return a.get(sc.LLM_SOURCE, "gateway") != "gateway" and str(a.get(sc.LLM_RESPONSE_ID)) in recorded
+
+
 def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
     """Views of ``spans`` in tree order (each parent before its children, siblings by start time).
 
@@ -158,6 +169,11 @@ def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
     """
     spans = list(spans)
     ids = {s.span_id for s in spans}
+    recorded = frozenset(
+        str(s.attributes[sc.LLM_RESPONSE_ID])
+        for s in spans
+        if sc.LLM_RESPONSE_ID in s.attributes and s.attributes.get(sc.LLM_SOURCE, "gateway") == "gateway"
+    )
     children: dict[str | None, list[Span]] = {}
     for span in spans:
         parent = span.parent_id if span.parent_id in ids and span.parent_id != span.span_id else None
@@ -172,9 +188,9 @@ def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
         if span.span_id in seen:  # a parent cycle in foreign spans must not loop forever
             continue
         seen.add(span.span_id)
-        out.append(span_view(span, depth))
+        out.append(span_view(span, depth, recorded))
         stack.extend((c, depth + 1) for c in reversed(children.get(span.span_id, [])))
-    out.extend(span_view(s) for s in spans if s.span_id not in seen)  # cycles: show them flat
+    out.extend(span_view(s, 0, recorded) for s in spans if s.span_id not in seen)  # cycles: show them flat
     return out
 
 

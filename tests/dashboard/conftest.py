@@ -137,6 +137,9 @@ async def _fill(filled: Filled, gateway_endpoint: str) -> None:
 
 @pytest.fixture(scope="session")  # the API and browser tests share one (the fill takes seconds)
 def filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
+    # client-side openai tracing on, as agl.agent_scope switches it on: each call is then recorded twice
+    # (gateway and tracer), and the dashboard must still show it once
+    agl.instrument("openai", required=True)
     root = tmp_path_factory.mktemp("dashboard")
     metrics_dir = root / "runs"
     logger = MetricsLogger(metrics_dir / "grpo", progress=False)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agl import semconv as sc
 from agl.dashboard import standalone_app
 from agl.serving import BackgroundServer
 from tests.dashboard.conftest import API_KEY, CRITIQUE, PROMPT_V1, TOKEN, Filled
@@ -103,6 +104,12 @@ def test_a_rollout_shows_its_trace_messages_tool_calls_and_reward(http: httpx.Cl
     for span in spans:
         by_category.setdefault(span["category"], []).append(span)
     first_call, second_call = by_category["llm"]
+    traces = by_category[
+        "llm_trace"
+    ]  # the client-side records of the same two calls: in the tree, not the transcript
+    assert sorted(t["attributes"][sc.LLM_RESPONSE_ID] for t in traces) == sorted(
+        c["attributes"][sc.LLM_RESPONSE_ID] for c in (first_call, second_call)
+    )
     assert first_call["detail"]["messages"][0] == {"role": "system", "content": filled_prompt_v2()}
     assert first_call["detail"]["messages"][1]["content"] == "use the lookup tool: apple"
     assert first_call["detail"]["tool_calls"][0]["name"] == "lookup"

@@ -202,7 +202,7 @@ function rolloutView(rolloutId, params) {
         h("h3", {}, `Span tree and timeline (${data.spans_truncated ? "the first " : ""}${data.spans.length} span${data.spans.length === 1 ? "" : "s"})`),
         data.spans.length ? traceTable(data.spans, (id) => { selected = id; flash(id); }) : h("div", { class: "empty" }, "No spans."),
         h("h3", {}, "Transcript"),
-        h("div", { id: "transcript" }, data.spans.filter((sp) => sp.category !== "other")
+        h("div", { id: "transcript" }, data.spans.filter((sp) => sp.category !== "other" && sp.category !== "llm_trace")
           .sort((a, b) => a.start_ns - b.start_ns || a.sequence_id - b.sequence_id).map(card)));
       if (selected) flash(selected, false);
     },
@@ -229,6 +229,7 @@ function spanLabel(sp) {
   const d = sp.detail;
   if (sp.category === "reward") return `${sp.name} = ${fmtReward(d.value)}`;
   if (sp.category === "llm") return `${sp.name} ${d.model || ""}`;
+  if (sp.category === "llm_trace") return `${sp.name} ${d.model || ""} (client trace)`;
   if (sp.category === "operation") return d.name && d.name !== sp.name ? `${sp.name} ${d.name}` : sp.name;
   if (sp.category === "message") return `${sp.name}: ${preview(d.text, 40)}`;
   return sp.name;
