@@ -66,10 +66,6 @@ def test_iterated_sft_example_smoke_run(tmp_path: Path) -> None:
     assert (tmp_path / "sft-iteration-1.jsonl").exists()
 
 
-#: private calls still in examples, each waiting for a public API (the test fails once one is gone, too)
-_KNOWN_PRIVATE = {("examples/sft/run.py", "_evaluate")}
-
-
 def _private_uses(path: Path) -> set[str]:
     import ast
 
@@ -91,4 +87,4 @@ def test_examples_use_only_public_agl_names() -> None:
         for path in sorted((ROOT / "examples").rglob("*.py"))
         for name in _private_uses(path)
     }
-    assert used == _KNOWN_PRIVATE, f"examples reach into private names: {sorted(used - _KNOWN_PRIVATE)}"
+    assert not used, f"examples reach into private agl names: {sorted(used)}"

@@ -43,9 +43,8 @@ class SFTConfig:
     micro_batch_tokens: int = 4096
     activation_checkpointing: bool = False  # recompute activations in backward: less memory, more compute
     export_jsonl: bool = True
-    progress: bool = (
-        True  # a progress bar and a console line per step (metrics.csv and curve.png are always written)
-    )
+    # a progress bar and a console line per step (metrics.csv and curve.png are always written)
+    progress: bool = True
     rollout_timeout_s: float = 600.0
     seed: int = 0
 
@@ -62,7 +61,8 @@ class SFT(Algorithm):
         self.policy: Any = None
         self.history: list[dict[str, float]] = []
 
-    async def _evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
+    async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
+        """Mean final reward of one validation rollout per task under ``resources_id``; failures score 0."""
         done = await ctx.rollouts(
             val, mode="val", resources_id=resources_id, timeout_s=self.config.rollout_timeout_s
         )
@@ -103,7 +103,7 @@ class SFT(Algorithm):
         resources_id = await ctx.publish(
             {"llm": ctx.llm, "weights": ModelWeights(uri=cfg.model_path, version=version)}
         )
-        before = await self._evaluate(ctx, val, resources_id) if val else float("nan")
+        before = await self.evaluate(ctx, val, resources_id) if val else float("nan")
         after = before
         metrics = self._metrics_logger(ctx)
         if val:
@@ -196,7 +196,7 @@ class SFT(Algorithm):
                     model_version=version,
                 )
             if val:
-                after = await self._evaluate(ctx, val, resources_id)
+                after = await self.evaluate(ctx, val, resources_id)
                 row["val_reward"] = after
             self.history.append(row)
             metrics.log(step, {**{k: v for k, v in row.items() if k != "sft_loss"}, "iteration": iteration})
