@@ -6,7 +6,6 @@ import csv
 import json
 from pathlib import Path
 
-import openai
 import pytest
 import torch
 
@@ -18,6 +17,7 @@ from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate, sft_loss
 from agl.algorithm.sft import SFT, SFTConfig, export_jsonl, samples_from_messages, select_rollouts
 from agl.models import tiny_model
 from agl.schemas import Rollout, RolloutStatus, Span
+from tests.tiny_agents import digits_agent
 
 TOOLS = [
     {
@@ -121,17 +121,6 @@ def test_export_openai_jsonl(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "calculator"
     assert lines[1]["messages"][-1]["content"] == "Answer: 7"
-
-
-@agl.rollout
-async def digits_agent(task: str, llm: agl.LLM) -> float:
-    """Reward: the share of digits in a 4-token reply (any reply is kept: ``min_reward=None``)."""
-    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
-    reply = await client.chat.completions.create(
-        model=llm.model, messages=[{"role": "user", "content": task}], max_tokens=4
-    )
-    await client.close()
-    return sum(c.isdigit() for c in reply.choices[0].message.content or "") / 4
 
 
 @pytest.mark.slow

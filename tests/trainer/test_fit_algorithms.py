@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 import agl
@@ -27,22 +26,13 @@ from agl.schemas import LLM, PromptTemplate, RolloutCreate, RolloutStatus
 from agl.store import SqliteLightningStore
 from agl.testing.simulated_lm import SimulatedLM, SimulatedLMServer, make_tasks
 from examples.apo.agent import price_agent
+from tests.tiny_agents import digits_agent
 
 
 @agl.rollout
 async def echo_agent(task: int) -> float:
     await asyncio.sleep(0.01)
     return float(task)
-
-
-@agl.rollout
-async def digits_agent(task: str, llm: agl.LLM) -> float:
-    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
-    reply = await client.chat.completions.create(
-        model=llm.model, messages=[{"role": "user", "content": task}], max_tokens=4
-    )
-    await client.close()
-    return sum(c.isdigit() for c in reply.choices[0].message.content or "") / 4
 
 
 class Boom(Exception):
