@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test lint typecheck pytest demo install test-deps vllm browser bench clean
+.PHONY: test lint typecheck pytest demo install test-deps vllm system-packages bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,20 +29,24 @@ $(VLLM_STAMP): scripts/setup_vllm.sh
 
 vllm: $(VLLM_STAMP)
 
-# Debian's headless Chromium for the dashboard's browser tests: installed when root, else the exact command is printed
-browser:
-	@if [ ! -x "$(CHROMIUM)" ]; then \
+# Debian packages the suite uses: headless Chromium (dashboard browser tests) and bubblewrap (agl.sandbox);
+# installed when root, else the exact command is printed
+system-packages:
+	@missing=""; \
+	[ -x "$(CHROMIUM)" ] || missing="$$missing chromium"; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing Debian's chromium for the dashboard browser tests"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	    echo "installing Debian packages for the suite:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "make test needs Debian's chromium for the dashboard browser tests; run:" >&2; \
-	    echo "  sudo apt-get update && sudo apt-get install -y chromium" >&2; \
+	    echo "make test needs these Debian packages:$$missing; run:" >&2; \
+	    echo "  sudo apt-get update && sudo apt-get install -y$$missing" >&2; \
 	    exit 1; \
 	  fi; \
 	fi
 
-test-deps: install vllm browser
+test-deps: install vllm system-packages
 
 lint: $(STAMP)
 	$(BIN)/ruff check agl tests benchmarks examples

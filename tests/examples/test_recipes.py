@@ -1,0 +1,99 @@
+"""The three recipes (LangGraph SQL agent, Agents-SDK coding agent, two-agent LangGraph team) run end to end on
+the tiny model: base, warm start, GRPO, a summary and a curve; the coding reward runs hidden tests in the
+sandbox; the team's checker calls are recorded but never trainable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.coding_agent.agent import extract_code, pass_fraction
+from examples.coding_agent.tasks import make_tasks
+from examples.heldout import split_by_template
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_coding_tasks_have_hidden_tests_their_reference_passes() -> None:
+    tasks = make_tasks()
+    assert len(tasks) >= 200
+    train, test = split_by_template(tasks, test=64, key="spec")
+    assert len(test) == 64 and not {t["spec"] for t in train} & {t["spec"] for t in test}
+    task = test[0]
+    assert pass_fraction(task["reference"], task) == 1.0
+    wrong = f"def {task['function']}(x):\n    return None\n"
+    assert pass_fraction(wrong, task) == 0.0
+    # a partly right answer gets partial credit: right on the first hidden case only
+    case, expected = task["tests"][0]
+    partial = f"def {task['function']}(x):\n    return {expected} if x == {case} else None\n"
+    assert 0.0 < pass_fraction(partial, task) < 1.0
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "while True:\n    pass",
+        "import os\nwhile True:\n    os.fork()",
+        "x = bytearray(4 * 1024**3)",
+        "print(open('/etc/passwd').read())",
+        "import socket\nsocket.create_connection(('127.0.0.1', 5432), timeout=1)",
+        "import json\nprint(json.dumps([True] * 99))",  # forging the harness's output line
+    ],
+    ids=["loop", "fork-bomb", "allocation", "host-file", "network", "forged-output"],
+)
+def test_misbehaving_solutions_score_zero(code: str) -> None:
+    task = make_tasks()[0]
+    assert pass_fraction(code, task) == 0.0
+
+
+def test_code_is_taken_from_the_first_fence() -> None:
+    assert (
+        extract_code("Here:\n```python\ndef f(x):\n    return x\n```\nDone.") == "def f(x):\n    return x\n"
+    )
+    assert extract_code("def f(x): return x") == "def f(x): return x"
+
+
+def _smoke(module: str, out: Path) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--model", "tiny", "--out", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    assert summary["test_tasks"] == 4
+    for key in ("test_base", "test_after_warm_start", "test_after_grpo"):
+        assert 0.0 <= summary[key] <= 1.0
+    assert summary["gain_from_grpo"] == summary["test_after_grpo"] - summary["test_after_warm_start"]
+    assert (out / "curve.png").stat().st_size > 1000
+    return summary
+
+
+@pytest.mark.slow
+def test_sql_recipe_smoke_run(tmp_path: Path) -> None:
+    summary = _smoke("examples.sql_agent.train", tmp_path)
+    assert summary["framework"] == "LangGraph" and (tmp_path / "shop.db").exists()
+    assert set(summary["recursion_limit_share"]) >= {"train", "base", "after_warm_start", "after_grpo"}
+
+
+@pytest.mark.slow
+def test_coding_recipe_smoke_run(tmp_path: Path) -> None:
+    summary = _smoke("examples.coding_agent.train", tmp_path)
+    assert summary["framework"] == "OpenAI Agents SDK"
+
+
+@pytest.mark.slow
+def test_multi_agent_recipe_trains_only_the_solver(tmp_path: Path) -> None:
+    summary = _smoke("examples.multi_agent.train", tmp_path)
+    calls = summary["training_calls"]
+    assert calls["recorded"].get("checker", 0) > 0 and calls["recorded"].get("solver", 0) > 0
+    assert set(calls["trainable"]) == {"solver"}  # the checker's calls never enter a batch
