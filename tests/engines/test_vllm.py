@@ -340,3 +340,40 @@ def test_restart_serves_new_weights_and_ends_old_process_group(
     assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
     assert after["model_version"] == "v9"
     assert _logprob_diff(_load_fp32(new_dir), after) < LOGPROB_TOL
+
+
+@needs_vllm
+def test_vllm_serves_an_exported_policy_folder(tiny_path: Path, tmp_path: Path) -> None:
+    """What ``fit`` writes to OUT/model (here a LoRA policy, merged) starts vLLM as is; its logprobs are the policy's."""
+    import torch
+
+    from agl.algorithm.export import export_policy
+    from agl.algorithm.grpo.loss import LossConfig
+    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+
+    torch.manual_seed(3)
+    policy = Policy(PolicyConfig(model_path=str(tiny_path), lora_rank=4), LossConfig())
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)  # a trained-looking adapter that changes the outputs
+    folder = export_policy(policy, tmp_path / "model", base_path=str(tiny_path)).model_path
+    srv = VllmServer(
+        folder,
+        python=require_vllm(),
+        served_model_name="exported",
+        max_model_len=512,
+        dtype="float32",
+        log_path=tmp_path / "vllm.log",
+    )
+    srv.start()
+    try:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120)
+        data = _chat(client, "exported")
+        client.close()
+    finally:
+        srv.stop()
+    diff = _logprob_diff(policy.model.eval(), data)
+    print(f"max abs logprob diff vLLM on the exported folder vs the in-process policy: {diff:.2e}")
+    assert diff < LOGPROB_TOL
+    assert _logprob_diff(_load_fp32(tiny_path), data) > 1e-3  # it serves the trained weights, not the base's

@@ -1,6 +1,8 @@
-"""SFT: select rollouts, build masked samples, train, push weights; iterated as rejection-sampling fine-tuning."""
+"""SFT: select rollouts, build masked samples, train, push weights; iterated as rejection-sampling fine-tuning,
+or offline on rollouts already in a store (``SFTConfig(from_store=...)``, :func:`train_from_store`)."""
 
 from agl.algorithm.sft.algorithm import SFT, SFTConfig
+from agl.algorithm.sft.offline import samples_from_store, train_from_store
 from agl.algorithm.sft.samples import (
     conversations_from_spans,
     export_jsonl,
@@ -16,5 +18,7 @@ __all__ = [
     "export_jsonl",
     "samples_from_messages",
     "samples_from_spans",
+    "samples_from_store",
     "select_rollouts",
+    "train_from_store",
 ]

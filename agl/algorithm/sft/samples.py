@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agl.adapter import Sample, final_reward, llm_calls, to_messages, to_samples
+from agl.adapter import Sample, filter_calls, final_reward, llm_calls, to_messages, to_samples
 from agl.schemas import Rollout, RolloutStatus, Span
 
 
@@ -38,13 +38,17 @@ def select_rollouts(
     return [r for r, _ in scored]
 
 
-def samples_from_spans(rollouts: Sequence[Rollout], spans: dict[str, list[Span]]) -> list[Sample]:
-    """Token-level samples from the engine's own ids (trajectory-merged, model tokens masked in)."""
+def samples_from_spans(
+    rollouts: Sequence[Rollout], spans: dict[str, list[Span]], *, agent: str | None = None
+) -> list[Sample]:
+    """Token-level samples from the engine's own ids (trajectory-merged, model tokens masked in).
+
+    ``agent``: only that agent's calls (by ``agl.agent_scope`` name, agent endpoint or enclosing span name).
+    """
     out: list[Sample] = []
     for r in rollouts:
-        made, _ = to_samples(
-            llm_calls(spans[r.rollout_id]), final_reward(spans[r.rollout_id]) or 0.0, group_id=r.group_id
-        )
+        calls = filter_calls(llm_calls(spans[r.rollout_id]), agent, spans[r.rollout_id])
+        made, _ = to_samples(calls, final_reward(spans[r.rollout_id]) or 0.0, group_id=r.group_id)
         out += made
     return out
 
