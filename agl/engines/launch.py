@@ -44,6 +44,8 @@ class VllmEngine:
     rank vLLM accepts. ``extra_args`` are appended to the server command line (e.g. GPU flags such as
     ``("--gpu-memory-utilization", "0.4")``); ``enforce_eager=False`` keeps CUDA graphs on a GPU.
     ``cuda_devices`` gives replica ``i`` ``CUDA_VISIBLE_DEVICES=cuda_devices[i]`` (e.g. ``("0", "1")``).
+    ``gpu_memory_gb`` is each replica's share of a GPU it shares with the trainer: it becomes vLLM's
+    ``--gpu-memory-utilization`` (the share of the GPU's total), so engine and trainer stay within it.
     """
 
     replicas: int = 1
@@ -55,6 +57,7 @@ class VllmEngine:
     extra_args: tuple[str, ...] = ()
     enforce_eager: bool = True
     cuda_devices: tuple[str, ...] = ()
+    gpu_memory_gb: float | None = None
     start_timeout_s: float = 600.0
     drain_timeout_s: float = 600.0
 
@@ -282,6 +285,7 @@ async def start_engines(
         "max_loras": 2,  # the new adapter loads before the old one is dropped
         "extra_args": list(spec.extra_args),
         "enforce_eager": spec.enforce_eager,
+        "gpu_memory_gb": spec.gpu_memory_gb,
     }
     started = await asyncio.gather(
         *(

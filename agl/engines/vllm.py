@@ -99,6 +99,8 @@ class VllmServer:
         model_version: str = "v0",
         enforce_eager: bool = True,
         env: dict[str, str] | None = None,
+        gpu_memory_gb: float | None = None,
+        gpu_total_gb: float | None = None,
     ) -> None:
         self.model = Path(model)
         self.python = python
@@ -117,6 +119,8 @@ class VllmServer:
         self.model_version = model_version
         self.enforce_eager = enforce_eager
         self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES for this server
+        # a GPU shared with the trainer: vLLM takes this much (``--gpu-memory-utilization`` of the total)
+        self.gpu_memory_gb, self.gpu_total_gb = gpu_memory_gb, gpu_total_gb
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -139,7 +143,21 @@ class VllmServer:
         if self.enable_lora:
             cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank)]
             cmd += ["--max-loras", str(self.max_loras)]
+        if self.gpu_memory_gb is not None and "--gpu-memory-utilization" not in self.extra_args:
+            cmd += ["--gpu-memory-utilization", str(self._gpu_utilization(self.gpu_memory_gb))]
         return cmd + self.extra_args
+
+    def _gpu_utilization(self, budget_gb: float) -> float:
+        from agl.algorithm.memory import GB, gpu_memory_utilization
+
+        total = self.gpu_total_gb
+        if total is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("gpu_memory_gb needs a CUDA GPU (or gpu_total_gb); none is visible")
+            total = torch.cuda.get_device_properties(0).total_memory / GB
+        return gpu_memory_utilization(budget_gb, total)
 
     def environment(self) -> dict[str, str]:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib)}

@@ -1,7 +1,9 @@
 """The trainer side of GRPO: a HF causal LM (full or LoRA), its log-probs, and one optimizer step.
 
-Micro-batches are cut by a token budget; each adds its share of the batch loss (aggregation weights
-are computed over the whole batch), so accumulation gives the same gradient as one big batch. Under
+Micro-batches are cut by a token limit; each adds its share of the batch loss (aggregation weights
+are computed over the whole batch), so accumulation gives the same gradient as one big batch. The
+limit is sized to a memory budget (:mod:`agl.algorithm.memory`): a micro-batch whose peak goes over it
+restarts the step's accumulation with smaller micro-batches, which changes nothing in the gradient. Under
 torch.distributed each rank backpropagates its shard of the samples and the gradients are summed
 (:mod:`agl.algorithm.grpo.distributed`), which gives the same gradient again.
 """
@@ -9,8 +11,9 @@ torch.distributed each rank backpropagates its shard of the samples and the grad
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,19 @@ from agl.adapter.trajectory import Sample
 from agl.algorithm.grpo import distributed
 from agl.algorithm.grpo.logprobs import token_logprobs
 from agl.algorithm.grpo.loss import LossConfig, grpo_loss, token_weights
+from agl.algorithm.memory import (
+    GB,
+    Checkpointing,
+    MicroBatchSizer,
+    MicroBatchTokens,
+    checkpointing_for,
+    limit_arenas,
+    release_free_memory,
+    shared_monitor,
+)
 from agl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -30,13 +45,14 @@ class PolicyConfig:
     lr: float = 1e-5
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: MicroBatchTokens = "auto"  # "auto": the largest that fits memory_budget_gb
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: int = 32
     kl_coef: float = 0.0
-    activation_checkpointing: bool = False  # less memory for about a third more compute (NOTES.md)
+    activation_checkpointing: Checkpointing = "auto"  # "auto": on for CPU (no slower there), off on CUDA
     seed: int = 0
     device: str = "cpu"  # "cuda" trains on the GPU
+    memory_budget_gb: float | None = None  # None: a fraction of the RAM (or VRAM) this process could have
 
 
 @dataclass
@@ -113,6 +129,7 @@ class Policy:
     def __init__(self, config: PolicyConfig, loss: LossConfig) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        limit_arenas()  # before the model's weights and the worker threads allocate
         torch.manual_seed(config.seed)
         self.config, self.loss_config = config, loss
         self.tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
@@ -122,7 +139,7 @@ class Policy:
         self.device = torch.device(config.device)
         self.data_parallel = False  # set by agl.algorithm.grpo.distributed on every rank of a group
         model.to(self.device)  # type: ignore[arg-type]
-        if config.activation_checkpointing:
+        if checkpointing_for(config.activation_checkpointing, self.device):
             enable_activation_checkpointing(model)
         self.reference = None
         if config.kl_coef > 0:
@@ -141,21 +158,84 @@ class Policy:
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
+        self.sizer = MicroBatchSizer(config.micro_batch_tokens, self.device, config.memory_budget_gb)
+        self.monitor = shared_monitor()
+        self._update_peak = 0
 
-    def micro_batches(self, samples: Sequence[Sample]) -> list[list[int]]:
-        """Sample indices grouped so each group's padded size stays within ``micro_batch_tokens``."""
+    def micro_batches(self, samples: Sequence[Sample], limit: int | None = None) -> list[list[int]]:
+        """Sample indices grouped so each group's padded size stays within ``limit`` tokens (default:
+        the current micro-batch limit); shortest first, a sample longer than the limit goes alone."""
         order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
         groups: list[list[int]] = []
-        current: list[int] = []
-        for i in order:
-            width = max([len(samples[j].input_ids) for j in current] + [len(samples[i].input_ids)])
-            if current and width * (len(current) + 1) > self.config.micro_batch_tokens:
-                groups.append(current)
-                current = []
-            current.append(i)
-        if current:
-            groups.append(current)
+        while order:
+            group = _next_group(order, [len(s.input_ids) for s in samples], limit or self.sizer.limit)
+            groups.append(group)
+            order = order[len(group) :]
         return groups
+
+    def _backprop(
+        self,
+        samples: Sequence[Sample],
+        mine: Sequence[int],
+        work: Callable[[list[int]], None],
+        restart: Callable[[], None],
+    ) -> None:
+        """Run ``work`` (forward and backward of one micro-batch) over ``mine``, micro-batch by micro-batch,
+        within the memory budget; on a micro-batch over it, zero the gradient, ``restart`` the sums and
+        go again with smaller micro-batches."""
+        lengths = [len(s.input_ids) for s in samples]
+        cuda = self.device.type == "cuda"
+        while True:
+            release_free_memory()
+            self.sizer.check_base(torch.cuda.memory_allocated(self.device) if cuda else self.monitor.sample())
+            order = sorted(mine, key=lambda i: lengths[i])
+            restart()
+            self._update_peak = over = 0  # report the peak of the pass that counts
+            group: list[int] = []
+            while order and not over:
+                group = _next_group(order, lengths, self.sizer.limit)
+                order = order[len(group) :]
+                tokens = len(group) * max(lengths[i] for i in group)
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                    base = torch.cuda.memory_allocated(self.device)
+                else:
+                    base = self.monitor.window()
+                try:
+                    work(group)
+                except torch.OutOfMemoryError:  # CUDA: the allocator could not find the memory
+                    over = tokens
+                    break
+                if cuda:
+                    peak = torch.cuda.max_memory_allocated(self.device)
+                    self.monitor.note_vram(peak)
+                else:
+                    peak = self.monitor.window_peak()
+                self._update_peak = max(self._update_peak, peak)
+                if not self.sizer.observe(tokens, base, peak):
+                    over = tokens
+            if not over:
+                return
+            self.optimizer.zero_grad(set_to_none=True)
+            self.sizer.back_off(over, alone=len(group) == 1)  # raises when one sample alone did not fit
+            log.warning(
+                "a micro-batch of %d tokens went over the memory budget (%.1f GB): retrying the step with "
+                "micro-batches of %d tokens",
+                over,
+                self.sizer.budget() / GB,
+                self.sizer.limit,
+            )
+
+    def _memory_metrics(self, backoffs_before: int) -> dict[str, float]:
+        key = "update_peak_vram_gb" if self.device.type == "cuda" else "update_peak_rss_gb"
+        row = {
+            "micro_batch_tokens": float(self.sizer.limit),
+            "memory_backoffs": float(self.sizer.backoffs - backoffs_before),
+            "memory_budget_gb": self.sizer.budget() / GB,
+            key: self._update_peak / GB,
+        }
+        self._update_peak = 0
+        return row
 
     def accumulate(
         self,
@@ -171,17 +251,12 @@ class Policy:
         """
         full = collate(samples, advantages, rollout_index, self.pad_id)
         weights = token_weights(full.mask, self.loss_config.aggregation, full.rollout_index)  # (B, T-1)
-        totals: dict[str, float] = {
-            "loss": 0.0,
-            "kl": 0.0,
-            "clip_fraction": 0.0,
-            "entropy": 0.0,
-            "ratio_mean": 0.0,
-        }
+        names = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean")
+        totals: dict[str, float] = dict.fromkeys(names, 0.0)
         n_tokens = max(float(full.mask.sum()), 1.0)
         mine = list(range(len(samples))) if only is None else list(only)
-        for local in self.micro_batches([samples[i] for i in mine]):
-            group = [mine[i] for i in local]
+
+        def work(group: list[int]) -> None:
             part = collate(
                 [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
             ).to(self.device)
@@ -196,6 +271,7 @@ class Policy:
             loss, metrics = grpo_loss(
                 logprobs, old, part.advantages, part.mask, self.loss_config, ref_logprobs=ref, weights=w
             )
+            self.monitor.sample()  # activations are all held here: the micro-batch's peak
             loss.backward()
             share = float(part.mask.sum()) / n_tokens
             totals["loss"] += float(loss.item())
@@ -204,6 +280,8 @@ class Policy:
             # pi_theta / pi_behaviour: off-policy (stale) samples move it away from 1
             totals["ratio_mean"] += metrics["ratio_mean"] * share
             totals["entropy"] += float((entropy * part.mask).sum()) / n_tokens
+
+        self._backprop(samples, mine, work, restart=lambda: totals.update(dict.fromkeys(names, 0.0)))
         totals["trained_tokens"] = float(full.mask.sum())
         totals["processed_tokens"] = float(sum(len(s.input_ids) for s in samples))
         return totals
@@ -213,6 +291,7 @@ class Policy:
     ) -> dict[str, float]:
         """One optimizer step over ``samples`` (accumulate, clip, AdamW); adds grad norm and tokens/s."""
         started = time.perf_counter()
+        backoffs = self.sizer.backoffs
         self.optimizer.zero_grad(set_to_none=True)
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.data_parallel and distributed.active():
@@ -226,36 +305,48 @@ class Policy:
             metrics = self.accumulate(samples, advantages, rollout_index)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         self.optimizer.step()
+        release_free_memory()
         elapsed = time.perf_counter() - started
         return {
             **metrics,
             "grad_norm": float(grad_norm),
             "train_tokens_per_s": metrics["processed_tokens"] / elapsed,
             "update_time_s": elapsed,
+            **self._memory_metrics(backoffs),
         }
 
     def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One optimizer step of masked next-token NLL: only model tokens (mask 1) carry loss."""
         started = time.perf_counter()
+        backoffs = self.sizer.backoffs
         self.optimizer.zero_grad(set_to_none=True)
         n_tokens = float(sum(s.num_model_tokens for s in samples))
-        total = 0.0
-        for group in self.micro_batches(samples):
+        total = [0.0]
+
+        def work(group: list[int]) -> None:
             part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id).to(
                 self.device
             )
             logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention)
             loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
+            self.monitor.sample()  # activations are all held here: the micro-batch's peak
             loss.backward()
-            total += float(loss.item())
+            total[0] += float(loss.item())
+
+        def restart() -> None:
+            total[0] = 0.0
+
+        self._backprop(samples, range(len(samples)), work, restart)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
         )
         self.optimizer.step()
+        release_free_memory()
         return {
-            "sft_loss": total,
+            "sft_loss": total[0],
             "grad_norm": float(grad_norm),
             "train_tokens_per_s": n_tokens / (time.perf_counter() - started),
+            **self._memory_metrics(backoffs),
         }
 
     def engine_weights(self) -> dict[str, torch.Tensor]:
@@ -280,3 +371,13 @@ class Policy:
         state = path / "optimizer.pt"
         if state.exists():
             self.optimizer.load_state_dict(torch.load(state, weights_only=True))
+
+
+def _next_group(order: Sequence[int], lengths: Sequence[int], limit: int) -> list[int]:
+    """The longest prefix of ``order`` (sorted by length) whose padded size stays within ``limit``."""
+    group = [order[0]]
+    for i in order[1:]:
+        if lengths[i] * (len(group) + 1) > limit:  # sorted: ``i`` is the widest so far
+            break
+        group.append(i)
+    return group

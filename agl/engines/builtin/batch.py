@@ -37,6 +37,21 @@ class Sequence:
     streamed_chars: int = 0
 
 
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Bytes of KV cache one token takes: keys and values of every layer's key/value heads."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(2 * config.num_hidden_layers * heads * head_dim * torch.tensor([], dtype=dtype).element_size())
+
+
+def cache_tokens(seqs: list[Sequence]) -> int:
+    """The most KV-cache tokens ``seqs`` can come to in one left-padded batch: rows x the longest
+    prompt plus max_tokens (every row is padded to the widest)."""
+    if not seqs:
+        return 0
+    return len(seqs) * max(len(s.prompt_ids) + s.max_tokens for s in seqs)
+
+
 def _map_cache(cache: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     for layer in cache.layers:
         layer.keys = fn(layer.keys)

@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from agl.engines.builtin.batch import RunningBatch, Sequence
+from agl.engines.builtin.batch import RunningBatch, Sequence, cache_tokens, kv_bytes_per_token
+from agl.engines.builtin.embeddings import pooled
 from agl.engines.builtin.prompts import render_chat
 from agl.engines.builtin.sampling import SamplingParams, make_generator
 from agl.engines.builtin.tools import parse_tool_calls
@@ -75,8 +76,11 @@ class _Request:
 class Engine:
     """``Engine(path)`` loads a local HF model folder; ``await engine.generate(ids, params)`` samples from it.
 
-    ``max_batch_size`` bounds the sequences decoded together; ``default_max_tokens`` applies when a request
-    sets none; an idle engine waits ``batch_wait_s`` after the first request so a burst is prefilled at once. Never contacts a model hub (``local_files_only=True``).
+    ``max_batch_size`` bounds the sequences decoded together, and ``kv_cache_gb`` their KV cache (None: a
+    quarter of the process's memory budget, :mod:`agl.algorithm.memory`, which a trainer in the same
+    process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
+    ``batch_wait_s`` after the first request so a burst is prefilled at once. Never contacts a model hub
+    (``local_files_only=True``).
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class Engine:
         default_max_tokens: int = 256,
         model_name: str | None = None,
         batch_wait_s: float = 0.005,
+        kv_cache_gb: float | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -115,6 +120,8 @@ class Engine:
         self.default_max_tokens = default_max_tokens
         self.batch_wait_s = batch_wait_s
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
+        self.kv_cache_tokens = self._kv_cache_tokens(kv_cache_gb, torch_dtype)
+        self.peak_batch_size = 0  # the most sequences decoded together so far
         self.eos_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.eos_ids))
@@ -125,6 +132,18 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._updating = False
         self._update_lock: asyncio.Lock | None = None
+
+    def _kv_cache_tokens(self, kv_cache_gb: float | None, dtype: torch.dtype) -> int:
+        from agl.algorithm.memory import ENGINE_SHARE, budget_bytes
+
+        if kv_cache_gb is not None and kv_cache_gb <= 0:
+            raise ConfigError(f"kv_cache_gb must be > 0, got {kv_cache_gb}")
+        budget = (
+            kv_cache_gb * 1024**3
+            if kv_cache_gb is not None
+            else ENGINE_SHARE * budget_bytes(self.device, None)
+        )
+        return max(1, int(budget // kv_bytes_per_token(self.model.config, dtype)))
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -244,14 +263,16 @@ class Engine:
             admit: list[Sequence] = []
             while self._pending and not self._updating:
                 room = self.max_batch_size - len(batch.seqs) - len(admit)
-                if len(self._pending[0].seqs) > room and (batch.seqs or admit):
-                    break
+                over_kv = cache_tokens(batch.seqs + admit + self._pending[0].seqs) > self.kv_cache_tokens
+                if (len(self._pending[0].seqs) > room or over_kv) and (batch.seqs or admit):
+                    break  # waits for running sequences to finish (a request alone is always admitted)
                 request = self._pending.pop(0)
                 for seq in request.seqs:
                     seq.version = self.model_version
                 admit.extend(request.seqs)
             if not admit and not batch.seqs:
                 break
+            self.peak_batch_size = max(self.peak_batch_size, len(batch.seqs) + len(admit))
             try:
                 finished = await asyncio.to_thread(self._step, batch, admit)
             except Exception as exc:  # a failed forward pass fails its batch, never hangs the callers
@@ -346,6 +367,23 @@ class Engine:
                     )
             choices.append(choice)
         return Generation(request.prompt_ids, choices, request.seqs[0].version)
+
+    # ----- embeddings ----------------------------------------------------------------------------
+    async def embed(self, inputs: list[list[int]]) -> tuple[list[torch.Tensor], str]:
+        """Embeddings of token-id inputs (see :mod:`.embeddings`) and the weights version that made them.
+
+        Runs on its own worker thread beside decoding; a weight update waits for it, and it for an update.
+        """
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            version = self.model_version
+            vectors = await asyncio.to_thread(self._embed, inputs)
+        return vectors, version
+
+    def _embed(self, inputs: list[list[int]]) -> list[torch.Tensor]:
+        with torch.inference_mode():
+            return pooled(self.model, inputs, self.pad_id)
 
     # ----- weights -------------------------------------------------------------------------------
     async def update_weights(

@@ -1,0 +1,164 @@
+"""Trainer memory: peak RSS and speed of GRPO policy steps by model, sample length and micro-batch.
+
+Each cell runs in a fresh process: load a ``Policy`` (and, with ``--engine``, the built-in engine's copy
+of the model, as ``Trainer.fit`` holds one in the same process), then take ``--steps`` policy steps on
+``--samples`` synthetic samples of about ``--length`` tokens (lengths vary by up to a quarter, as
+rollouts do), on rotating worker threads as ``GRPO`` runs them (``asyncio.to_thread``). Reported per
+cell: the process's peak RSS over the run, its RSS after the first and the last step (growth between
+steps), and trained tokens/s of the steps after the first. Time figures are noisy on a shared machine.
+
+    python benchmarks/memory_table.py --model tiny
+    python benchmarks/memory_table.py --model smollm2 --lengths 1000 --micro-batches 1024,2048,4096
+    python benchmarks/memory_table.py --model smollm2 --cell old --steps 4     # the defaults before (4,096, no checkpointing)
+    python benchmarks/memory_table.py --model smollm2 --cell auto --steps 4    # the memory-safe defaults
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+GB = 1024**3
+
+
+def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, trim: bool) -> dict[str, Any]:
+    """One cell, in this process."""
+    from agl.adapter import Sample
+    from agl.algorithm import memory
+    from agl.algorithm.grpo import LossConfig
+    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.memory import MicroBatchTokens
+    from agl.models import smollm2, tiny_model
+
+    if not trim:  # the behaviour before this change: glibc's default arenas, freed heap pages kept
+        import agl.algorithm.grpo.policy as policy_module
+
+        for module in (memory, policy_module):
+            module.release_free_memory = lambda: None  # type: ignore[attr-defined]
+            module.limit_arenas = lambda: None  # type: ignore[attr-defined]
+    path = smollm2() if args.model == "smollm2" else tiny_model()
+    mb: MicroBatchTokens = "auto" if micro_batch == "auto" else int(micro_batch)
+    policy = Policy(
+        PolicyConfig(
+            model_path=str(path), lr=1e-6, micro_batch_tokens=mb, activation_checkpointing=checkpointing
+        ),
+        LossConfig(),
+    )
+    engine = None
+    if args.engine:
+        from agl.engines.builtin import Engine
+
+        engine = Engine(path)
+    vocab = int(policy.model.config.vocab_size)
+    rng = random.Random(0)
+    # four threads in turn: GRPO's steps land on whichever thread of asyncio.to_thread's pool is free
+    threads = [concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in range(4)]
+    monitor = memory.shared_monitor()
+    monitor.take()
+    loaded = memory.process_rss()
+    rss_after, seconds, tokens, limits = [], [], [], []
+    for step in range(args.steps):
+        samples = []
+        for _ in range(args.samples):
+            n = args.length - rng.randrange(0, args.length // 4 + 1)
+            samples.append(
+                Sample(
+                    "r",
+                    None,
+                    tuple(rng.randrange(3, vocab) for _ in range(n)),
+                    (0,) * 16 + (1,) * (n - 16),
+                    None,
+                    0.0,
+                )
+            )
+        advantages = [rng.uniform(-1, 1) for _ in samples]
+        started = time.perf_counter()
+        metrics = (
+            threads[step % 4].submit(policy.step, samples, advantages, list(range(len(samples)))).result()
+        )
+        seconds.append(time.perf_counter() - started)
+        tokens.append(sum(len(s.input_ids) for s in samples))
+        limits.append(metrics["micro_batch_tokens"])
+        rss_after.append(memory.process_rss())
+    peak = monitor.take()["peak_rss_gb"]
+    later = slice(1, None) if args.steps > 1 else slice(None)
+    del engine
+    return {
+        "model": args.model,
+        "length": args.length,
+        "samples": args.samples,
+        "micro_batch": micro_batch,
+        "micro_batch_used": limits[-1],
+        "checkpointing": checkpointing,
+        "allocator_fix": trim,  # arenas capped and freed pages trimmed after each step
+        "loaded_gb": round(loaded / GB, 2),
+        "peak_rss_gb": round(peak, 2),
+        "rss_after_steps_gb": [round(r / GB, 2) for r in rss_after],
+        "tokens_per_s": round(sum(tokens[later]) / sum(seconds[later]), 1),
+        "step_s": [round(s, 1) for s in seconds],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="tiny")
+    parser.add_argument("--lengths", default="500,1000", help="sample lengths, comma-separated")
+    parser.add_argument("--micro-batches", default="1024,2048,4096,auto", help="micro_batch_tokens values")
+    parser.add_argument("--checkpointing", default="on,off", help="activation checkpointing: on, off or both")
+    parser.add_argument("--samples", type=int, default=8, help="samples per step")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--engine", action="store_true", help="also hold the built-in engine's model copy")
+    parser.add_argument(
+        "--cell",
+        choices=["old", "auto"],
+        default=None,
+        help="one cell: old (4096, no checkpointing, no trim) or auto",
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: "mb:ckpt:trim:length"
+    args = parser.parse_args()
+    if args.one is not None:
+        mb, ckpt, trim, length = args.one.split(":")
+        args.length = int(length)
+        print(json.dumps(run_cell(args, mb, ckpt == "on", trim == "on")))
+        return
+    if args.cell == "old":
+        cells = [("4096", "off", "off", length) for length in args.lengths.split(",")]
+    elif args.cell == "auto":
+        cells = [("auto", "on", "on", length) for length in args.lengths.split(",")]
+    else:
+        cells = [
+            (mb, ckpt, "on", length)
+            for length in args.lengths.split(",")
+            for mb in args.micro_batches.split(",")
+            for ckpt in args.checkpointing.split(",")
+        ]
+    rows = []
+    argv = sys.argv[1:]
+    passthrough = [a for i, a in enumerate(argv) if not a.startswith("--cell") and argv[i - 1] != "--cell"]
+    for mb, ckpt, trim, length in cells:
+        command = [sys.executable, __file__, *passthrough, "--one", f"{mb}:{ckpt}:{trim}:{length}"]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    main()

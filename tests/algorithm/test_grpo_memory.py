@@ -1,0 +1,215 @@
+"""Training within a memory budget, on the tiny model with real RSS readings: back-off keeps the
+one-batch gradient, a budget nothing fits is a clear error that changes nothing, auto micro-batches
+follow the budget, and the process's RSS stays flat over many steps."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from agl.adapter import Sample
+from agl.algorithm.grpo import LossConfig
+from agl.algorithm.grpo.policy import Policy, PolicyConfig
+from agl.algorithm.memory import (
+    GB,
+    MAX_AUTO_TOKENS,
+    PROBE_TOKENS,
+    MemoryBudgetError,
+    checkpointing_for,
+    gpu_memory_utilization,
+    process_rss,
+    step_peaks,
+)
+from agl.errors import ConfigError
+from agl.models import tiny_model
+
+MB = 1024**2
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    return tiny_model()
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """These tests measure memory, not speed; on a loaded 2-core box OpenMP's second thread only spins."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _batch(n: int, width: int, seed: int = 0) -> tuple[list[Sample], list[float], list[int]]:
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(n):
+        length = width - rng.randrange(0, width // 4)
+        ids = tuple(rng.randrange(3, 1024) for _ in range(length))
+        mask = (0,) * 8 + (1,) * (length - 8)
+        samples.append(Sample("r", None, ids, mask, (-6.9,) * length, 1.0))
+    return samples, [1.0 if i % 2 else -1.0 for i in range(n)], list(range(n))
+
+
+def _policy(tiny: Path, **options: object) -> Policy:
+    config = PolicyConfig(model_path=str(tiny), lr=0.0, activation_checkpointing=False, **options)  # type: ignore[arg-type]
+    return Policy(config, LossConfig())
+
+
+def _grads(policy: Policy) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+def test_a_step_over_a_forced_budget_backs_off_and_keeps_the_one_batch_gradient(
+    tiny: Path, one_thread: None
+) -> None:
+    samples, adv, index = _batch(8, 400)
+    whole = _policy(tiny, micro_batch_tokens=100_000)
+    assert len(whole.micro_batches(samples)) == 1
+    base = process_rss()
+    metrics = whole.step(samples, adv, index)  # lr 0: the step leaves the weights alone
+    rise = metrics["update_peak_rss_gb"] * GB - base
+    assert rise > 20 * MB, f"the one-batch step should need tens of MB, rose {rise / MB:.0f} MB"
+    assert metrics["memory_backoffs"] == 0
+
+    forced = _policy(tiny, micro_batch_tokens=100_000, memory_budget_gb=(process_rss() + 0.6 * rise) / GB)
+    got = forced.step(samples, adv, index)
+    assert got["memory_backoffs"] >= 1
+    assert got["micro_batch_tokens"] < sum(len(s.input_ids) for s in samples)
+    assert got["update_peak_rss_gb"] * GB <= forced.sizer.budget()  # the pass that counted fitted
+    assert got["loss"] == pytest.approx(metrics["loss"], rel=1e-4)
+    a, b = _grads(whole), _grads(forced)
+    assert a.keys() == b.keys() and a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-7, msg=name)
+    assert max(float(g.abs().max()) for g in a.values()) > 1e-4
+
+
+def test_a_budget_no_sample_fits_stops_with_the_settings_to_change_and_changes_nothing(
+    tiny: Path, one_thread: None
+) -> None:
+    samples, adv, index = _batch(2, 400)
+    policy = Policy(
+        PolicyConfig(
+            model_path=str(tiny),
+            lr=1e-2,
+            activation_checkpointing=False,
+            micro_batch_tokens=100_000,
+            memory_budget_gb=(process_rss() + 1 * MB) / GB,
+        ),
+        LossConfig(),
+    )
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    with pytest.raises(MemoryBudgetError, match="does not fit") as caught:
+        policy.step(samples, adv, index)
+    for setting in ("max_sample_tokens", "lora_rank", "group_size", "smaller model", "memory_budget_gb"):
+        assert setting in str(caught.value)
+    assert isinstance(caught.value, ConfigError)
+    assert all(torch.equal(before[n], p) for n, p in policy.model.named_parameters())  # no optimizer step
+    assert all(p.grad is None for p in policy.model.parameters())  # no half-accumulated gradient
+    assert not policy.optimizer.state  # AdamW never stepped
+
+    over = _policy(tiny, memory_budget_gb=process_rss() / 2 / GB)  # the process alone is over it
+    with pytest.raises(MemoryBudgetError, match="before any micro-batch") as early:
+        over.step(samples, adv, index)
+    assert "lora_rank" in str(early.value)
+
+
+def test_auto_micro_batches_start_from_a_probe_and_follow_the_budget(tiny: Path, one_thread: None) -> None:
+    samples, adv, index = _batch(12, 300)
+    roomy = _policy(tiny)  # "auto" with a share of the machine's memory: the device's cap
+    assert roomy.sizer.limit == PROBE_TOKENS
+    metrics = roomy.step(samples, adv, index)
+    assert roomy.sizer.bytes_per_token > 0
+    assert metrics["micro_batch_tokens"] == MAX_AUTO_TOKENS["cpu"]
+
+    room = 12 * 300 * roomy.sizer.bytes_per_token  # a budget with room for about a third of that batch
+    tight = _policy(tiny, memory_budget_gb=(process_rss() + room / 2.5) / GB)
+    got = tight.step(samples, adv, index)
+    assert got["micro_batch_tokens"] < MAX_AUTO_TOKENS["cpu"]
+    assert len(tight.micro_batches(samples)) > len(roomy.micro_batches(samples))
+    assert got["update_peak_rss_gb"] * GB <= tight.sizer.budget()
+    assert got["loss"] == pytest.approx(metrics["loss"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_rss_stays_flat_over_thirty_steps(tiny: Path, one_thread: None) -> None:
+    # GRPO runs each step on whichever asyncio.to_thread worker is free; four threads in turn reproduce
+    # the climb (each glibc arena kept its own copy of a step's peak: 424 -> 531 MB before the fix)
+    workers = [concurrent.futures.ThreadPoolExecutor(max_workers=1) for _ in range(4)]
+    policy = Policy(PolicyConfig(model_path=str(tiny), lr=1e-3), LossConfig())
+    rng = random.Random(0)
+    after: list[int] = []
+    for step in range(30):
+        samples, adv, index = _batch(rng.randrange(4, 9), rng.randrange(64, 320), seed=step)
+        metrics = workers[step % 4].submit(policy.step, samples, adv, index).result()
+        assert metrics["update_peak_rss_gb"] > 0
+        after.append(process_rss())
+    for worker in workers:
+        worker.shutdown()
+    settled = after[10:]
+    print(f"RSS after steps 11-30: {min(settled) / MB:.0f}-{max(settled) / MB:.0f} MB")
+    assert (max(settled) - min(settled)) / MB < 16, [round(r / MB) for r in after]
+    assert (sum(settled[-5:]) - sum(settled[:5])) / 5 / MB < 6, "RSS still climbing after warm-up"
+    assert step_peaks()["peak_rss_gb"] * GB >= max(settled)
+
+
+def test_defaults_are_memory_safe_per_device() -> None:
+    from agl.algorithm.grpo import GRPOConfig
+    from agl.algorithm.sft import SFTConfig
+
+    for config in (GRPOConfig(model_path="m"), SFTConfig(model_path="m"), PolicyConfig(model_path="m")):
+        assert config.micro_batch_tokens == "auto" and config.activation_checkpointing == "auto"
+    assert checkpointing_for("auto", "cpu") and not checkpointing_for("auto", "cuda")
+    assert not checkpointing_for(False, "cpu") and checkpointing_for(True, "cuda")
+    with pytest.raises(ConfigError, match="micro_batch_tokens"):
+        Policy(PolicyConfig(model_path=str(tiny_model()), micro_batch_tokens=0), LossConfig())
+
+
+def test_vllm_gpu_memory_utilization_comes_from_the_budget() -> None:
+    from agl.engines.vllm import VllmServer
+
+    assert gpu_memory_utilization(28.0, 140.0) == 0.2
+    with pytest.raises(ConfigError, match="exceeds"):
+        gpu_memory_utilization(200.0, 140.0)
+    server = VllmServer("m", python="python", gpu_memory_gb=28.0, gpu_total_gb=140.0)
+    cmd = server.command(Path("python"))
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.2"
+    explicit = VllmServer(
+        "m", gpu_memory_gb=28.0, gpu_total_gb=140.0, extra_args=["--gpu-memory-utilization", "0.5"]
+    )
+    assert explicit.command(Path("python")).count("--gpu-memory-utilization") == 1  # the user's flag wins
+    assert "--gpu-memory-utilization" not in VllmServer("m").command(Path("python"))
+
+
+@pytest.mark.slow
+def test_each_grpo_step_reports_peak_memory_in_its_row_and_csv(tmp_path: Path) -> None:
+    import csv
+
+    import agl
+    from agl.algorithm.grpo import GRPO, GRPOConfig
+    from tests.trainer.test_fit import digits_agent
+
+    config = GRPOConfig(
+        model_path=str(tiny_model()), steps=2, tasks_per_step=2, group_size=3, lr=1e-3, eval_every=0
+    )
+    result = agl.Trainer(algorithm=GRPO(config), n_runners=6, output_dir=str(tmp_path)).fit(
+        digits_agent, ["a", "b", "c"], ["a"]
+    )
+    rows = result["history"]
+    assert len(rows) == 2
+    rss = process_rss() / GB
+    for row in rows:
+        # the whole step's peak (rollouts on the in-process engine included), at least the RSS at load
+        assert 0.1 < row["peak_rss_gb"] < 4 * rss
+        assert row["peak_children_rss_gb"] >= 0.0  # child processes (vLLM, ranks): none here
+    trained = [row for row in rows if "update_peak_rss_gb" in row]
+    assert trained and all(r["micro_batch_tokens"] >= 1 and r["memory_budget_gb"] > 0 for r in trained)
+    with (tmp_path / "metrics.csv").open() as f:
+        logged = list(csv.DictReader(f))
+    assert all(float(r["peak_rss_gb"]) > 0.1 for r in logged if r["step"] != "0")
