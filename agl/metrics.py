@@ -1,24 +1,31 @@
-"""Per-step training metrics: a CSV file, a curve PNG, TensorBoard, wandb when configured, a progress bar
-and a one-line console summary per step (visible without any logging setup; ``console=False`` silences it).
+"""Per-step training metrics: a CSV file, a curve PNG, a progress bar and a one-line console summary per
+step (visible without any logging setup; ``console=False`` silences it), forwarded to the experiment
+trackers of :mod:`agl.trackers` (TensorBoard, wandb, MLflow).
 """
 
 from __future__ import annotations
 
 import csv
 import logging
-import math
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
+from agl.trackers import Tracker, check_names, close_trackers, default_trackers, log_all, start_trackers
+
 log = logging.getLogger(__name__)
 
-_SHOWN = ("reward_mean", "val_reward", "loss", "sft_loss", "step_time_s")
+_SHOWN = ("reward_mean", "val_reward", "loss", "sft_loss", "step_time_s", "peak_rss_gb")
+_LOSSES = ("loss", "sft_loss")
 
 
 class MetricsLogger:
-    """``log(step, {name: value})`` writes ``metrics.csv`` and TensorBoard events under ``out_dir``.
+    """``log(step, {name: value})`` writes ``metrics.csv`` under ``out_dir`` and sends the step to ``trackers``.
+
+    ``trackers`` names :mod:`agl.trackers` ones (None: those of ``agl.Trainer(trackers=...)`` or the
+    defaults); ``tensorboard=False`` leaves TensorBoard out of the defaults.
 
     ``total_steps`` and ``progress_key`` drive the progress bar: by default it counts steps; with
     ``progress_key`` it shows that value (e.g. metric calls spent of a budget), labelled ``label``.
@@ -42,6 +49,7 @@ class MetricsLogger:
         plot_y: Sequence[str] | None = None,
         title: str = "training",
         tensorboard: bool = True,
+        trackers: Sequence[str] | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -53,24 +61,8 @@ class MetricsLogger:
         if resume and existing.exists():  # keep the earlier run's rows
             with existing.open() as f:
                 self.rows = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
-        self._tb: Any = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.out_dir / "tensorboard"))
-            except Exception as exc:  # TensorBoard is optional
-                log.info("TensorBoard logging off: %s", exc)
-        self._wandb: Any = None
-        if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE"):
-            try:
-                import wandb
-
-                self._wandb = wandb.init(
-                    project=os.environ.get("WANDB_PROJECT", "agl"), dir=str(self.out_dir)
-                )
-            except Exception as exc:
-                log.warning("wandb is configured but could not start: %s", exc)
+        names = check_names(trackers) if trackers is not None else default_trackers(tensorboard=tensorboard)
+        self.trackers: list[Tracker] = start_trackers(names, self.out_dir)
         self._console: Any = None
         if console:
             from rich.console import Console
@@ -90,20 +82,37 @@ class MetricsLogger:
             self._task = self._progress.add_task(title, total=total_steps, summary="")
             self._progress.start()
 
-    def summary(self, row: dict[str, Any]) -> str:
-        """The compact text shown per step: the ``shown`` metrics present in ``row``."""
-        return "  ".join(f"{k}={_fmt(row[k])}" for k in self.shown if k in row)
+    def summary(self, row: Mapping[str, Any]) -> str:
+        """The compact text shown per step: the ``shown`` metrics present in ``row``, then what went wrong.
+
+        A step that trained nothing (``samples`` 0) reads ``no update`` where its loss would be; groups
+        whose rollouts all scored alike read ``zero_var=N/M groups``; failed rollouts ``failed=N/M``
+        (``val_failed`` for validation) with the ``first_error`` text when the row carries one.
+        """
+        no_update = row.get("samples") == 0
+        parts: list[str] = []
+        for key in self.shown:
+            if no_update and key in _LOSSES:
+                if "no update" not in parts:
+                    parts.append("no update")
+            elif isinstance(row.get(key), (int, float)):
+                parts.append(f"{key}={_fmt(row[key])}")
+        if row.get("zero_variance_groups") and row.get("groups"):
+            parts.append(f"zero_var={row['zero_variance_groups']:.0f}/{row['groups']:.0f} groups")
+        for prefix in ("", "val_"):
+            failed, total = row.get(f"{prefix}failed_rollouts"), row.get(f"{prefix}rollouts")
+            if failed:
+                parts.append(f"{prefix}failed={failed:.0f}" + (f"/{total:.0f}" if total else ""))
+        if row.get("first_error"):
+            parts.append(f"first error: {row['first_error']}")
+        return "  ".join(parts)
 
     def log(self, step: int, values: dict[str, Any]) -> None:
         row = {"step": step, **{k: v for k, v in values.items() if isinstance(v, (int, float))}}
         self.rows.append(row)
         self._write_csv()
-        for key, value in row.items():
-            if key != "step" and self._tb is not None and math.isfinite(float(value)):
-                self._tb.add_scalar(key, value, step)
-        if self._wandb is not None:
-            self._wandb.log(row, step=step)
-        summary = self.summary(row)
+        log_all(self.trackers, step, row)
+        summary = escape(self.summary({**values, **row}))  # an error text may hold [brackets]
         if self._progress is not None:
             done = row.get(self.progress_key, step) if self.progress_key else step
             self._progress.update(self._task, completed=done, summary=summary)
@@ -137,13 +146,17 @@ class MetricsLogger:
             log.info("no curve plot: matplotlib is not installed (pip install 'agl[train]')")
             return None
         target = Path(path) if path is not None else self.out_dir / "curve.png"
-        fig, ax = plt.subplots(figsize=(5.5, 3.4))
-        for name, points in series.items():
-            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=name)
-        ax.set_xlabel(self.plot_x)
-        ax.set_title(self.title)
-        ax.grid(alpha=0.3)
-        ax.legend()
+        panels = curve_panels(list(series))
+        fig, axes = plt.subplots(len(panels), 1, figsize=(5.5, 3.4 * len(panels)), sharex=True, squeeze=False)
+        for ax, names in zip(axes[:, 0], panels, strict=True):
+            for name in names:
+                points = series[name]
+                ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=name)
+            ax.grid(alpha=0.3)
+            ax.legend()
+            ax.set_ylabel(_unit(names[0]) or "")
+        axes[0, 0].set_title(self.title)
+        axes[-1, 0].set_xlabel(self.plot_x)
         fig.tight_layout()
         fig.savefig(target, dpi=110)
         plt.close(fig)
@@ -153,10 +166,22 @@ class MetricsLogger:
         if self._progress is not None:
             self._progress.stop()
         self.plot()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        close_trackers(self.trackers)
+
+
+_UNITS = {"_s": "seconds", "_gb": "GB"}  # a metric's name suffix and the axis label of its own panel
+
+
+def curve_panels(names: Sequence[str]) -> list[list[str]]:
+    """The curve's panels, top to bottom: rewards, losses and counts; then durations (``*_s``) and memory
+    (``*_gb``), each on an axis of its own, whose scale would otherwise flatten the rewards."""
+    panels = [[n for n in names if _unit(n) is None]]
+    panels += [[n for n in names if _unit(n) == unit] for unit in _UNITS.values()]
+    return [p for p in panels if p]
+
+
+def _unit(name: str) -> str | None:
+    return next((unit for suffix, unit in _UNITS.items() if name.endswith(suffix)), None)
 
 
 def _fmt(value: Any) -> str:

@@ -10,6 +10,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agl.adapter import final_reward
+from agl.algorithm.health import Failures, rollout_failures
 from agl.schemas import LLM, Resource, Rollout, RolloutCreate, RolloutStatus, Span, new_id
 from agl.store.base import LightningStore
 
@@ -72,6 +74,18 @@ class TrainingContext:
             rollout = done.get(rollout_id) or await self.store.get_rollout(rollout_id)
             out.append((rollout, await rollout_spans(self.store, rollout_id)))
         return out
+
+
+async def validate(
+    ctx: TrainingContext, val: Sequence[Any], resources_id: str, *, timeout_s: float = 600.0
+) -> tuple[float, Failures]:
+    """Mean final reward of one ``mode="val"`` rollout per task (a failed one scores 0), and the failures."""
+    if not val:
+        return float("nan"), Failures(0, 0)
+    done = await ctx.rollouts(val, mode="val", resources_id=resources_id, timeout_s=timeout_s)
+    rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
+    failures = await rollout_failures(ctx.store, [r for r, _ in done], {r.rollout_id: s for r, s in done})
+    return sum(rewards) / len(rewards), failures
 
 
 async def rollout_spans(store: LightningStore, rollout_id: str) -> list[Span]:

@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agl.adapter import final_reward
-from agl.algorithm.base import Algorithm, TrainingContext, succeeded
+from agl.algorithm.base import Algorithm, TrainingContext, validate
+from agl.algorithm.export import BEST_DIR, BestExport, export_outputs
 from agl.algorithm.grpo.async_loop import train_steps
 from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.loss import LossConfig
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
+from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
+from agl.algorithm.memory import check_settings
 from agl.errors import ConfigError
 from agl.schemas import ModelWeights, Rollout, Span
 
@@ -39,8 +41,11 @@ class GRPOConfig:
     group_size: int = 8
     lr: float = 1e-5
     max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 4096
-    activation_checkpointing: bool = False  # recompute activations in backward: less memory, more compute
+    # memory: "auto" sizes micro-batches to memory_budget_gb (None: a share of the free RAM or VRAM) and
+    # recomputes activations in backward on CPU, where it is no slower (agl/algorithm/memory.py)
+    micro_batch_tokens: int | Literal["auto"] = "auto"
+    activation_checkpointing: bool | Literal["auto"] = "auto"
+    memory_budget_gb: float | None = None
     lora_rank: int = 0
     scale_by_std: bool = True  # False: Dr. GRPO (no std division)
     level: Literal["trajectory", "transition"] = "trajectory"
@@ -55,6 +60,10 @@ class GRPOConfig:
     rollout_timeout_s: float = 600.0
     checkpoint_every: int = 0
     resume: bool = False  # continue from the newest checkpoint under the output dir (full fine-tuning)
+    # the final policy as a Hugging Face folder in OUT/model (LoRA merged), the best-validation one in
+    # OUT/model-best; export_adapter also keeps a LoRA run's bare adapter in OUT/model-adapter
+    export_model: bool = True
+    export_adapter: bool = False
     seed: int = 0
     # async: rollouts of the next max_staleness steps run while a step trains (off-policy by at most
     # max_staleness weight versions; the loss's ratio is against the engine's logprobs). Sync ignores it.
@@ -62,8 +71,11 @@ class GRPOConfig:
     max_staleness: int = 1
     world_size: int = 1  # > 1: data-parallel policy steps over torch.distributed (grpo/distributed.py)
     device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Trainer(engine_options)
+    # every rollout of the baseline evaluation or the first step failed: stop with the first error
+    stop_on_all_failed: bool = True
 
     def __post_init__(self) -> None:
+        check_settings(self.micro_batch_tokens, self.memory_budget_gb)
         if self.group_size < 2:
             raise ConfigError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
         if self.steps < 0 or self.tasks_per_step < 1:
@@ -90,6 +102,8 @@ class GRPO(Algorithm):
         self.version = "v0"  # the engine's weights version when run starts
         self.initial_val: float | None = None  # skip the first validation when already known
         self.warm_start_history: list[dict[str, float]] = []
+        self.learning = LearningCheck()  # warns once per run when nothing can be learned
+        self.baseline_failures = Failures(0, 0)
 
     async def _resume(self, ctx: TrainingContext, checkpoint: Path) -> int:
         """Load weights and optimizer from ``checkpoint``, push them to the engine; returns the next step."""
@@ -118,6 +132,7 @@ class GRPO(Algorithm):
                 kl_coef=cfg.loss.kl_coef,
                 seed=cfg.seed,
                 device=cfg.device,
+                memory_budget_gb=cfg.memory_budget_gb,
             ),
             cfg.loss,
         )
@@ -136,7 +151,9 @@ class GRPO(Algorithm):
         """Held-out reward of the base model, the SFT warm start, the new weights published and measured."""
         assert self.config.warm_start is not None and ctx.sync_weights is not None
         phases["base"] = (
-            self.initial_val if self.initial_val is not None else await self.evaluate(ctx, val, resources_id)
+            self.initial_val
+            if self.initial_val is not None
+            else (await self._baseline(ctx, val, resources_id))[0]
         )
         self.warm_start_history = await asyncio.to_thread(
             train_warm_start, self.policy, self.config.warm_start
@@ -163,13 +180,21 @@ class GRPO(Algorithm):
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward over one validation rollout per task; failed rollouts count as 0."""
-        if not val:
-            return float("nan")
-        done = await ctx.rollouts(
-            val, mode="val", resources_id=resources_id, timeout_s=self.config.rollout_timeout_s
+        return (await validate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s))[0]
+
+    async def _baseline(
+        self, ctx: TrainingContext, val: Sequence[Any], resources_id: str
+    ) -> tuple[float, Failures]:
+        """The first validation; stops the run when every rollout of it failed (``stop_on_all_failed``)."""
+        score, failures = await validate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        check_not_all_failed(
+            failures,
+            "the baseline evaluation",
+            stop=self.config.stop_on_all_failed,
+            option="GRPOConfig(stop_on_all_failed=False)",
         )
-        rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
-        return sum(rewards) / len(rewards)
+        self.baseline_failures = failures
+        return score, failures
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, Any]:
         from agl.metrics import MetricsLogger
@@ -188,6 +213,7 @@ class GRPO(Algorithm):
         version = self.version
         resources_id = await self._publish(ctx, version)
         phases: dict[str, float] = {}
+        self.learning, self.baseline_failures = LearningCheck(), Failures(0, 0)
         if cfg.warm_start is not None and checkpoint is None:
             version, resources_id = await self._warm_start(ctx, val, resources_id, phases)
         val_before = (
@@ -195,11 +221,19 @@ class GRPO(Algorithm):
             if "after_warm_start" in phases
             else self.initial_val
             if self.initial_val is not None
-            else await self.evaluate(ctx, val, resources_id)
+            else (await self._baseline(ctx, val, resources_id))[0]
         )
         phases.setdefault("base", val_before)
+        best = BestExport(
+            out / BEST_DIR,
+            enabled=cfg.export_model and bool(val) and cfg.eval_every > 0,
+            base_path=cfg.model_path,
+        )
+        await asyncio.to_thread(best.offer, self.policy, val_before, step=first_step - 1)
         if checkpoint is None:
-            metrics.log(0, {"val_reward": val_before})
+            failed = self.baseline_failures
+            metrics.log(0, {"val_reward": val_before, **failed.metrics("val_"), **failed.console()})
+            self.learning.at_start(val_before, phases, failed)
         val_after = await train_steps(  # the step loop, sync or async, on one rank or several
             self,
             ctx,
@@ -211,8 +245,19 @@ class GRPO(Algorithm):
             val_after=val_before,
             metrics=metrics,
             checkpoint=None if checkpoint is None else str(checkpoint),
+            best=best,
         )
         metrics.close()
+        exported = await asyncio.to_thread(
+            export_outputs,
+            self.policy,
+            out,
+            enabled=cfg.export_model,
+            adapter=cfg.export_adapter,
+            base_path=cfg.model_path,
+            best=best,
+            info={"algorithm": "GRPO", "steps": cfg.steps},
+        )
         return {
             "val_reward_before": val_before,
             "val_reward_after": val_after,
@@ -220,6 +265,7 @@ class GRPO(Algorithm):
             "history": self.history,
             "phases": {**phases, "after_grpo": val_after},
             "warm_start": self.warm_start_history,
+            **exported,  # model_path, best_model_path, adapter_path
         }
 
 

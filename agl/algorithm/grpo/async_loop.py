@@ -24,6 +24,8 @@ from typing import Any
 
 from agl.adapter import llm_calls
 from agl.algorithm.base import TrainingContext, rollout_spans
+from agl.algorithm.health import check_not_all_failed, rollout_failures
+from agl.algorithm.memory import step_peaks
 from agl.schemas import Rollout, RolloutCreate, RolloutStatus, Span, new_id
 
 log = logging.getLogger(__name__)
@@ -192,11 +194,14 @@ async def train_steps(
     val_after: float,
     metrics: Any,
     checkpoint: str | None = None,
+    best: Any = None,
 ) -> float:
     """GRPO's steps ``first_step..steps``: rollouts (ahead of training when async), batch, update, publish.
 
-    Returns the last validation reward. With ``world_size > 1`` the policy steps on every rank for the
-    duration of the loop (:mod:`agl.algorithm.grpo.distributed`); the ranks stop when it ends.
+    Returns the last validation reward; ``best`` (a :class:`~agl.algorithm.export.BestExport`) writes
+    the policy to disk whenever a validation beats the best so far. With ``world_size > 1`` the policy
+    steps on every rank for the duration of the loop (:mod:`agl.algorithm.grpo.distributed`); the ranks
+    stop when it ends.
     """
     from agl.algorithm.grpo.algorithm import build_batch
 
@@ -234,6 +239,14 @@ async def train_steps(
                 fallback=fetched.enqueued_version,
                 max_staleness=pipeline.depth,
             )
+            failures = await rollout_failures(ctx.store, fetched.rollouts, fetched.spans)
+            if step == first_step:  # a run whose first rollouts all fail would train nothing, silently
+                check_not_all_failed(
+                    failures,
+                    f"the first step ({step})",
+                    stop=cfg.stop_on_all_failed,
+                    option="GRPOConfig(stop_on_all_failed=False)",
+                )
             batch = build_batch(kept, fetched.spans, cfg)
             rollout_s = time.perf_counter() - started
             row = {**batch.metrics, **stale, "trainer_idle_s": fetched.wait_s}
@@ -249,12 +262,17 @@ async def train_steps(
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 val_after = await grpo.evaluate(ctx, val, resources_id)
                 row["val_reward"] = val_after
+                if best is not None:
+                    await asyncio.to_thread(
+                        best.offer, grpo.policy, val_after, step=step, model_version=version
+                    )
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 path = out / "checkpoints" / f"step-{step}"
                 await asyncio.to_thread(grpo.policy.save, path)
                 (path / "trainer_state.json").write_text(json.dumps({"step": step, "version": version}))
-            row.update(step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s)
-            metrics.log(step, row)
+            row.update(step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s, **step_peaks())
+            metrics.log(step, {**row, **failures.console()})
+            grpo.learning.after_step(step, row, first=step == first_step)
             grpo.history.append(row)
     except BaseException:
         failed = True

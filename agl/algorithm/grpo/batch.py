@@ -152,6 +152,7 @@ def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], confi
         "reward_std": std,
         "rollouts": float(len(rollouts)),
         "failed_rollouts": float(len(rollouts) - len(ok)),
+        "groups": float(len({u.key for u in units})),  # (task group, agent) pairs, as advantages see them
         "zero_variance_groups": float(len(flat)),
         "overlong_samples": float(too_long),
         "samples": float(len(samples)),

@@ -3,6 +3,8 @@
 Each iteration: run ``samples_per_task`` rollouts per training task with the current weights, keep
 the good ones (``min_reward`` and/or ``top_k_per_task``), train on their engine token ids with the
 loss masked to model tokens, push the weights to the engine, and measure validation reward.
+With ``from_store`` it trains offline instead, on rollouts already in a store (:mod:`agl.algorithm.sft.offline`).
+The final policy goes to ``OUT/model`` as a Hugging Face folder (:mod:`agl.algorithm.export`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from agl.adapter import final_reward
-from agl.algorithm.base import Algorithm, TrainingContext, succeeded
+from agl.algorithm.base import Algorithm, TrainingContext, validate
+from agl.algorithm.export import BEST_DIR, BestExport, export_outputs
+from agl.algorithm.health import Failures, check_not_all_failed, rollout_failures
+from agl.algorithm.memory import check_settings, step_peaks
+from agl.algorithm.sft.offline import TimeBound, parse_time
 from agl.algorithm.sft.samples import (
     conversations_from_spans,
     export_jsonl,
@@ -26,6 +31,9 @@ from agl.algorithm.sft.samples import (
 )
 from agl.errors import ConfigError
 from agl.schemas import ModelWeights
+
+if TYPE_CHECKING:
+    from agl.store.base import LightningStore
 
 
 @dataclass(frozen=True)
@@ -40,17 +48,38 @@ class SFTConfig:
     batch_size: int = 8
     lr: float = 1e-5
     lora_rank: int = 0
-    micro_batch_tokens: int = 4096
-    activation_checkpointing: bool = False  # recompute activations in backward: less memory, more compute
+    micro_batch_tokens: int | Literal["auto"] = "auto"  # "auto": the largest that fits memory_budget_gb
+    activation_checkpointing: bool | Literal["auto"] = "auto"  # "auto": on for CPU, where it is no slower
+    memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
     export_jsonl: bool = True
+    # offline: train `epochs` passes on succeeded rollouts already in this store (a URL for open_store, or a
+    # LightningStore) instead of generating any; chosen by min_reward/top_k_per_task, agent and finish time
+    from_store: str | LightningStore | None = None
+    agent: str | None = None  # only this agent's calls (agl.agent_scope name, agent endpoint or span name)
+    since: TimeBound = None  # finished at or after: Unix seconds, datetime or ISO 8601 (from_store only)
+    until: TimeBound = None  # finished at or before
+    # the final policy as a Hugging Face folder in OUT/model (LoRA merged), the best-validation one in
+    # OUT/model-best; export_adapter also keeps a LoRA run's bare adapter in OUT/model-adapter
+    export_model: bool = True
+    export_adapter: bool = False
     # a progress bar and a console line per step (metrics.csv and curve.png are always written)
     progress: bool = True
     rollout_timeout_s: float = 600.0
+    # every rollout of the baseline evaluation or the first iteration failed: stop with the first error
+    stop_on_all_failed: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_settings(self.micro_batch_tokens, self.memory_budget_gb)
         if self.iterations < 1 or self.samples_per_task < 1 or self.batch_size < 1:
             raise ConfigError("SFTConfig needs iterations, samples_per_task and batch_size >= 1")
+        if self.epochs < 1:
+            raise ConfigError(f"SFTConfig needs epochs >= 1, got {self.epochs}")
+        since, until = parse_time(self.since, "since"), parse_time(self.until, "until")
+        if since is not None and until is not None and since > until:
+            raise ConfigError(f"since ({self.since!r}) is after until ({self.until!r}): no rollout can match")
+        if (since is not None or until is not None) and self.from_store is None:
+            raise ConfigError("since/until select rollouts already in a store: set from_store too")
 
 
 class SFT(Algorithm):
@@ -60,14 +89,25 @@ class SFT(Algorithm):
         self.config = config
         self.policy: Any = None
         self.history: list[dict[str, float]] = []
+        self.best: BestExport | None = None
+
+    def policy_config(self) -> Any:
+        """The trainer-side policy's settings (a GRPO ``PolicyConfig``) from this config."""
+        from agl.algorithm.grpo.policy import PolicyConfig
+
+        cfg = self.config
+        return PolicyConfig(
+            model_path=cfg.model_path,
+            lr=cfg.lr,
+            lora_rank=cfg.lora_rank,
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            activation_checkpointing=cfg.activation_checkpointing,
+            seed=cfg.seed,
+        )
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward of one validation rollout per task under ``resources_id``; failures score 0."""
-        done = await ctx.rollouts(
-            val, mode="val", resources_id=resources_id, timeout_s=self.config.rollout_timeout_s
-        )
-        rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
-        return sum(rewards) / max(len(rewards), 1)
+        return (await validate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s))[0]
 
     async def run(
         self,
@@ -77,21 +117,21 @@ class SFT(Algorithm):
         *,
         warm_start: Sequence[list[dict[str, Any]]] = (),
     ) -> dict[str, Any]:
-        """Expert iterations; ``warm_start`` conversations (rendered with the chat template) train first."""
+        """Expert iterations; ``warm_start`` conversations (rendered with the chat template) train first.
+
+        With ``from_store`` set, trains offline on the store's rollouts instead (no engine needed).
+        """
         from agl.algorithm.grpo.loss import LossConfig
-        from agl.algorithm.grpo.policy import Policy, PolicyConfig
+        from agl.algorithm.grpo.policy import Policy
 
         cfg = self.config
+        if cfg.from_store is not None:
+            from agl.algorithm.sft.offline import run_offline
+
+            return await run_offline(self, ctx, val)
         if ctx.llm is None or ctx.sync_weights is None:
             raise ConfigError("SFT trains a local model: run it through Trainer.fit, which serves the model")
-        policy_config = PolicyConfig(
-            model_path=cfg.model_path,
-            lr=cfg.lr,
-            lora_rank=cfg.lora_rank,
-            micro_batch_tokens=cfg.micro_batch_tokens,
-            activation_checkpointing=cfg.activation_checkpointing,
-        )
-        self.policy = await asyncio.to_thread(Policy, policy_config, LossConfig())
+        self.policy = await asyncio.to_thread(Policy, self.policy_config(), LossConfig())
         rng = random.Random(cfg.seed)
         version = "v0"
         seed = []
@@ -103,21 +143,45 @@ class SFT(Algorithm):
         resources_id = await ctx.publish(
             {"llm": ctx.llm, "weights": ModelWeights(uri=cfg.model_path, version=version)}
         )
-        before = await self.evaluate(ctx, val, resources_id) if val else float("nan")
+        before, failures = await validate(ctx, val, resources_id, timeout_s=cfg.rollout_timeout_s)
+        self._check(failures, "the baseline evaluation")
         after = before
+        out = Path(ctx.output_dir)
+        self.best = BestExport(
+            out / BEST_DIR, enabled=cfg.export_model and bool(val), base_path=cfg.model_path
+        )
+        await asyncio.to_thread(self.best.offer, self.policy, before, iteration=0)
         metrics = self._metrics_logger(ctx)
         if val:
-            metrics.log(0, {"iteration": 0, "val_reward": before})
+            metrics.log(
+                0, {"iteration": 0, "val_reward": before, **failures.metrics("val_"), **failures.console()}
+            )
         try:
             after = await self._iterate(ctx, train, val, rng, resources_id, version, metrics, after)
         finally:
             metrics.close()
+        exported = await asyncio.to_thread(
+            export_outputs,
+            self.policy,
+            out,
+            enabled=cfg.export_model,
+            adapter=cfg.export_adapter,
+            base_path=cfg.model_path,
+            best=self.best,
+            info={"algorithm": "SFT", "iterations": cfg.iterations},
+        )
         return {
             "val_reward_before": before,
             "val_reward_after": after,
             "warm_start_samples": len(seed),
             "history": self.history,
+            **exported,  # model_path, best_model_path, adapter_path
         }
+
+    def _check(self, failures: Failures, where: str) -> None:
+        check_not_all_failed(
+            failures, where, stop=self.config.stop_on_all_failed, option="SFTConfig(stop_on_all_failed=False)"
+        )
 
     def _metrics_logger(self, ctx: TrainingContext) -> Any:
         """Progress over iterations, a console line per gradient step, metrics.csv and a loss curve."""
@@ -128,7 +192,7 @@ class SFT(Algorithm):
             total_steps=self.config.iterations,
             progress=self.config.progress,
             console=self.config.progress,
-            shown=("iteration", "sft_loss", "val_reward", "samples"),
+            shown=("iteration", "sft_loss", "val_reward", "kept_rollouts", "samples"),
             label="iteration",
             step_name="step",
             progress_key="iteration",
@@ -162,6 +226,9 @@ class SFT(Algorithm):
             )
             rollouts = [r for r, _ in done]
             spans = {r.rollout_id: s for r, s in done}
+            failures = await rollout_failures(ctx.store, rollouts, spans)
+            if iteration == 1:
+                self._check(failures, "the first iteration")
             kept = select_rollouts(
                 rollouts, spans, min_reward=cfg.min_reward, top_k_per_task=cfg.top_k_per_task
             )
@@ -175,6 +242,7 @@ class SFT(Algorithm):
                 "iteration": iteration,
                 "kept_rollouts": len(kept),
                 "samples": len(samples),
+                **failures.metrics(),
             }
             batches = cfg.epochs * math.ceil(len(samples) / cfg.batch_size)
             for epoch in range(cfg.epochs):
@@ -186,9 +254,8 @@ class SFT(Algorithm):
                     row["sft_loss"] = stats["sft_loss"]
                     step += 1
                     finished = epoch * math.ceil(len(samples) / cfg.batch_size) + start // cfg.batch_size + 1
-                    metrics.log(
-                        step, {"iteration": iteration - 1 + finished / batches, "sft_loss": stats["sft_loss"]}
-                    )
+                    at = iteration - 1 + finished / batches
+                    metrics.log(step, {"iteration": at, "sft_loss": stats["sft_loss"], **step_peaks()})
             if samples:
                 version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
                 resources_id = await ctx.publish(
@@ -198,6 +265,15 @@ class SFT(Algorithm):
             if val:
                 after = await self.evaluate(ctx, val, resources_id)
                 row["val_reward"] = after
+                if self.best is not None:
+                    await asyncio.to_thread(self.best.offer, self.policy, after, iteration=iteration)
             self.history.append(row)
-            metrics.log(step, {**{k: v for k, v in row.items() if k != "sft_loss"}, "iteration": iteration})
+            metrics.log(
+                step,
+                {
+                    **{k: v for k, v in row.items() if k != "sft_loss"},
+                    "iteration": iteration,
+                    **failures.console(),
+                },
+            )
         return after
