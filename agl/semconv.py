@@ -9,6 +9,7 @@ from __future__ import annotations
 
 # ----- span names ----------------------------------------------------------------------------
 SPAN_LLM_CALL = "agl.llm.call"
+SPAN_EMBEDDINGS = "agl.llm.embeddings"  # a gateway embeddings call: recorded, never a training sample
 SPAN_REWARD = "agl.reward"
 SPAN_MESSAGE = "agl.message"
 SPAN_OBJECT = "agl.object"
@@ -18,7 +19,8 @@ SPAN_OPERATION = "agl.operation"
 SPAN_ROLLOUT = "agl.rollout"
 
 # ----- the LLM call view (values are JSON: objects and lists allowed) -------------------------
-LLM_API = "agl.llm.api"  # "chat.completions" | "completions" | "responses"
+# "chat.completions" | "completions" | "responses" | "anthropic.messages" (sent upstream as chat) | "embeddings"
+LLM_API = "agl.llm.api"
 LLM_REQUEST = "agl.llm.request"  # the request body, secrets removed
 LLM_RESPONSE = "agl.llm.response"  # the response body (for streams: the assembled response)
 LLM_REQUEST_MESSAGES = "agl.llm.request.messages"  # list of OpenAI chat messages

@@ -1,4 +1,4 @@
-"""The LLM gateway: an OpenAI-compatible proxy that records every model call of a rollout as a span.
+"""The LLM gateway: an OpenAI-compatible (and Anthropic Messages) proxy that records every model call as a span.
 
 ``Gateway(store, upstreams=["http://127.0.0.1:8000/v1"]).start()``; agents use
 ``gateway.rollout_base_url(rollout_id, attempt_id)`` as their OpenAI ``base_url``.

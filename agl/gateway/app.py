@@ -6,10 +6,16 @@ and recorded only with ``GatewayConfig.record_unattributed`` (under one rollout 
 The hot path is a raw ASGI handler: attribution is a cached dict lookup, bodies are passed as bytes, and
 span building happens in the background recorder. ``GET /metrics`` serves Prometheus metrics.
 
+Besides the OpenAI APIs (chat, completions, Responses, embeddings) it serves the Anthropic Messages API
+(``POST .../v1/messages``, also at ``.../v1/v1/messages``, where the anthropic SDK lands when its base URL is
+the agent's ``/v1`` endpoint): translated to chat upstream by :mod:`agl.gateway.anthropic`, answered and
+failed in Anthropic's shapes, and recorded with the engine's token ids like any chat call.
+
 Auth: with ``token`` (``--token`` / ``AGL_GATEWAY_TOKEN``) ``/admin/*`` and ``/metrics`` need
 ``Authorization: Bearer <token>``. Model routes stay open unless ``client_token`` is set, because agents
 send their own key (forwarded upstream when the upstream has no ``api_key``); with ``client_token`` they
-need it (or the admin token), and it is never forwarded. ``/health`` is always open.
+need it (or the admin token), and it is never forwarded; the anthropic SDK's ``x-api-key`` counts as the
+bearer token on the Messages route. ``/health`` is always open.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from typing import Any
 
 import orjson
 
+from agl import semconv as sc
 from agl.errors import GatewayError, NotFoundError
+from agl.gateway import anthropic
 from agl.gateway.config import GatewayConfig, UpstreamConfig
 from agl.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agl.gateway.proxy import Forwarder
@@ -136,6 +144,12 @@ class Gateway:
             await self._batcher.aclose()
         await self.forwarder.aclose()
         self._batcher = self._loop = None
+        from agl.store.client import LightningStoreClient
+
+        if isinstance(
+            self.store, LightningStoreClient
+        ):  # drops only this loop's pool; the client stays usable
+            await self.store.aclose()
 
     async def _on_loop(self, coro_fn: Any) -> Any:
         """Run ``coro_fn()`` on the serving loop (callers may live on another loop or thread)."""
@@ -204,7 +218,10 @@ class Gateway:
         try:
             await self._route(scope, receive, send)
         except HTTPError as exc:
-            await _send_error(send, exc)
+            if scope.get("agl.anthropic"):  # the anthropic SDK reads only its own error shape
+                await _send_json(send, exc.status, anthropic.error_body(exc.status, exc.message), exc.headers)
+            else:
+                await _send_error(send, exc)
 
     async def _lifespan(self, receive: Any, send: Any) -> None:
         while True:
@@ -238,6 +255,15 @@ class Gateway:
                 raise HTTPError(
                     404, f"unknown path {scope['path']}; use /rollout/<id>/attempt/<id|latest>/v1/..."
                 )
+        if path.startswith("/v1/v1/messages"):  # the anthropic SDK's /v1/messages after an agent's /v1 URL
+            path = path[3:]
+        if path.startswith("/v1/messages"):
+            scope["agl.anthropic"] = True
+            if path != "/v1/messages":
+                raise HTTPError(404, f"{scope['path']} is not served; the gateway serves POST /v1/messages")
+            _need(method, "POST", path)
+            await self._model_call(scope, receive, send, ANTHROPIC_API, rollout_id, attempt_id)
+            return
         if path.startswith("/v1/"):
             api = API_PATHS.get(path[4:])
             if api is not None:
@@ -256,6 +282,8 @@ class Gateway:
         if expected is None:
             return False
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        if not given and scope.get("agl.anthropic"):
+            given = b"Bearer " + next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
         admin = self._admin_auth
         if hmac.compare_digest(given, expected) or (admin is not None and hmac.compare_digest(given, admin)):
             return True
@@ -325,6 +353,10 @@ class Gateway:
             start = now_ns()
             headers = dict(scope["headers"])
             raw = await _read_body(receive)
+            if api == ANTHROPIC_API and b"authorization" not in headers and b"x-api-key" in headers:
+                headers[b"authorization"] = (
+                    b"Bearer " + headers[b"x-api-key"]
+                )  # the anthropic SDK's key header
             rollout_id = rollout_id or _header(headers, b"x-agl-rollout-id")
             attempt_id = attempt_id or _header(headers, b"x-agl-attempt-id") or "latest"
             target = await self._attribute(rollout_id, attempt_id)
@@ -351,11 +383,24 @@ class Gateway:
                 if agent:
                     record.tags[AGENT_NAME] = agent
             try:
-                request = parse_request(api, raw)
-                if record is not None:
-                    record.request = request
+                if (
+                    api == ANTHROPIC_API
+                ):  # translated to chat: the upstream serves chat, the agent sees Messages
+                    given = anthropic.parse(raw)
+                    if record is not None:
+                        record.request = given
+                    request = anthropic.to_chat(given)
+                    if record is not None:
+                        record.tags[sc.LLM_REQUEST_MESSAGES] = request["messages"]
+                    raw = orjson.dumps(request)
+                    send = anthropic.ASGITranslator(send, given, lambda: record.error if record else None)
+                    forward_api = "chat.completions"
+                else:
+                    request, forward_api = parse_request(api, raw), api
+                    if record is not None:
+                        record.request = request
                 status, upstream_s = await self.forwarder.forward(
-                    api, request, raw, auth, rollout_id, record, send
+                    forward_api, request, raw, auth, rollout_id, record, send
                 )
             except HTTPError as exc:
                 status = exc.status
@@ -421,6 +466,7 @@ class Gateway:
         return rollout_id, attempt_id, rollout.resources_id
 
 
+ANTHROPIC_API = "anthropic.messages"
 _AGENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 

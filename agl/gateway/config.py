@@ -34,6 +34,11 @@ class UpstreamConfig(BaseModel):
         None, repr=False, description="Sent upstream as a bearer token; never recorded."
     )
     models: list[str] | None = Field(None, description="Models this replica serves; None serves any model.")
+    apis: list[Literal["chat.completions", "completions", "responses", "embeddings"]] | None = Field(
+        None,
+        description="APIs this replica serves (an embeddings-only server: ['embeddings']); None serves all. "
+        "Anthropic Messages calls reach it as chat.completions.",
+    )
     name: str | None = Field(None, description="Recorded as the backend; defaults to the URL.")
     token_fields: dict[str, dict[str, Any]] | None = Field(
         None, description="Per API, fields added to forwarded bodies; None uses the kind's defaults."

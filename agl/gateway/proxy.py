@@ -89,9 +89,11 @@ class Forwarder:
         Returns the status sent and the seconds spent in the upstream exchange (all tries), for metrics.
         """
         model = request.get("model")
-        candidates = self.pool.candidates(model if isinstance(model, str) else None, rollout_id)
+        candidates = self.pool.candidates(model if isinstance(model, str) else None, rollout_id, api)
         if not candidates:
-            raise HTTPError(404, f"no upstream serves model {model!r}", param="model", code="model_not_found")
+            raise HTTPError(
+                404, f"no upstream serves model {model!r} on {api}", param="model", code="model_not_found"
+            )
         tried: list[Replica] = []
         errors: list[str] = []
         began = time.perf_counter()

@@ -121,8 +121,28 @@ def _request_view(api: str, request: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _embeddings_view(body: dict[str, Any]) -> dict[str, Any]:
+    """What an embeddings call leaves on its span: usage and shape, not the vectors (nothing trains on them)."""
+    data: list[Any] = body["data"] if isinstance(body.get("data"), list) else []
+    lean = {k: v for k, v in body.items() if k != "data"}
+    lean["count"] = len(data)
+    first = data[0].get("embedding") if data and isinstance(data[0], dict) else None
+    if isinstance(first, list):
+        lean["dimensions"] = len(first)
+    elif isinstance(first, str):  # base64 float32
+        lean["dimensions"] = len(first) * 3 // 4 // 4
+    out: dict[str, Any] = {sc.LLM_RESPONSE: lean, sc.LLM_USAGE: body.get("usage") or {}}
+    if body.get("model"):
+        out[sc.LLM_MODEL] = body["model"]
+    if body.get("model_version") is not None:
+        out[sc.LLM_MODEL_VERSION] = str(body["model_version"])
+    return out
+
+
 def _response_view(api: str, body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if api == "embeddings":
+        return _embeddings_view(body)
     choices = body.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     if api == "responses":
@@ -202,7 +222,9 @@ def build_span(record: CallRecord) -> Span:
             body = None
     if isinstance(body, dict):
         if record.status_code < 400 and body.get("error") is None:  # Responses bodies carry "error": null
-            attrs.update(_response_view(record.api, body))
+            # a Messages call went upstream as chat: its recorded answer (and token ids) is the chat one
+            view = "chat.completions" if record.api == "anthropic.messages" else record.api
+            attrs.update(_response_view(view, body))
         else:
             attrs[sc.LLM_RESPONSE] = body
             err = body.get("error")
@@ -224,7 +246,7 @@ def build_span(record: CallRecord) -> Span:
         trace_id=trace_id,
         span_id=token_hex(8),
         parent_id=record.parent_id,
-        name=sc.SPAN_LLM_CALL,
+        name=sc.SPAN_EMBEDDINGS if record.api == "embeddings" else sc.SPAN_LLM_CALL,
         kind=SpanKind.CLIENT,
         start_time_ns=record.start_ns,
         end_time_ns=max(record.end_ns, record.start_ns),

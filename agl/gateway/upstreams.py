@@ -28,7 +28,9 @@ class Replica:
         self.failures = 0
         self.calls = 0
 
-    def serves(self, model: str | None) -> bool:
+    def serves(self, model: str | None, api: str | None = None) -> bool:
+        if api is not None and self.config.apis is not None and api not in self.config.apis:
+            return False
         return self.config.models is None or model is None or model in self.config.models
 
     def score(self, key: str) -> int:
@@ -49,9 +51,10 @@ class UpstreamPool:
                 seen[m] = None
         return list(seen)
 
-    def candidates(self, model: str | None, key: str | None) -> list[Replica]:
-        """Replicas to try in order: healthy ones first (sticky by ``key``), unhealthy ones last."""
-        pool = [r for r in self.replicas if r.serves(model)]
+    def candidates(self, model: str | None, key: str | None, api: str | None = None) -> list[Replica]:
+        """Replicas serving ``model`` and ``api``, in the order to try them: healthy ones first (sticky by
+        ``key``), unhealthy ones last."""
+        pool = [r for r in self.replicas if r.serves(model, api)]
         if key is not None:
             pool.sort(key=lambda r: r.score(key), reverse=True)
         else:

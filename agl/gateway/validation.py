@@ -6,7 +6,12 @@ from typing import Any
 
 import orjson
 
-API_PATHS = {"chat/completions": "chat.completions", "completions": "completions", "responses": "responses"}
+API_PATHS = {
+    "chat/completions": "chat.completions",
+    "completions": "completions",
+    "responses": "responses",
+    "embeddings": "embeddings",
+}
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -65,7 +70,29 @@ def parse_request(api: str, raw: bytes) -> dict[str, Any]:
         given = body.get("input")
         if not (isinstance(given, str) or (isinstance(given, list) and given)):
             raise _bad(f"'input' must be a string or a non-empty list of items, got {given!r:.80}", "input")
+    elif api == "embeddings":
+        _check_embedding_input(body.get("input"))
     return body
+
+
+def _check_embedding_input(given: Any) -> None:
+    """A string, or a non-empty list of strings, of token ids, or of token-id lists (the upstream checks the rest)."""
+    if isinstance(given, str):
+        return
+    if isinstance(given, list) and given:
+        if all(isinstance(x, str) for x in given) or all(_is_int(x) for x in given):
+            return
+        if all(isinstance(x, list) and x and all(_is_int(t) for t in x) for x in given):
+            return
+    raise _bad(
+        "'input' must be a string, a non-empty list of strings, a list of token ids or a list of token-id "
+        f"lists, got {given!r:.80}",
+        "input",
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_messages(messages: Any) -> None:

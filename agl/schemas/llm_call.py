@@ -49,6 +49,8 @@ class LLMCall:
         a = span.attributes
         if sc.LLM_API not in a and span.name != sc.SPAN_LLM_CALL:
             return None
+        if span.name == sc.SPAN_EMBEDDINGS:  # no generation: nothing to train on or replay as a turn
+            return None
         return cls(
             rollout_id=span.rollout_id,
             attempt_id=span.attempt_id,

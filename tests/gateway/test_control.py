@@ -74,7 +74,7 @@ async def test_routing_errors(gateway: Gateway, rollout: tuple[str, str]) -> Non
         bad_header = await http.post("/v1/chat/completions", json={"model": "m", "messages": USER},
                                      headers={"x-agl-rollout-id": "missing"})  # fmt: skip
         method = await http.get("/v1/chat/completions")
-        path = await http.post("/v1/embeddings", json={})
+        path = await http.post("/v1/audio/speech", json={})
         malformed = await http.post("/rollout/x/v1/chat/completions", json={})
     assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "rollout_not_found")
     assert (wrong_attempt.status_code, wrong_attempt.json()["error"]["param"]) == (404, "attempt_id")

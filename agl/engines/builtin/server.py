@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server over an :class:`Engine`, and an in-process form for tests and trainers.
 
 Routes: ``POST /v1/chat/completions`` (incl. ``stream``), ``POST /v1/completions``, ``POST /v1/responses``
-(incl. ``stream``), ``GET /v1/models``,
+(incl. ``stream``), ``POST /v1/embeddings`` (see :mod:`.embeddings`), ``GET /v1/models``,
 ``GET /health``, ``POST /v1/weights``. Bad input answers 400 with an OpenAI error body naming the field.
 Any ``model`` name is accepted: one engine serves one model. With a ``token`` every route but ``/health``
 needs ``Authorization: Bearer <token>`` (as vLLM's ``--api-key``): model calls as well as weight loads,
@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from agl.engines.builtin.embeddings import EmbeddingsRequest, embeddings_body, token_inputs
 from agl.engines.builtin.engine import Engine, Generation, StreamDelta
 from agl.engines.builtin.protocol import (
     ChatRequest,
@@ -246,6 +247,23 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
             return StreamingResponse(stream_events(engine, req, stream), media_type="text/event-stream")
         gen = await engine.generate(prompt, req.sampling(), tools=tools)
         return Response(orjson.dumps(response_body(engine, req, gen)), media_type="application/json")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingsRequest) -> Response:
+        hidden = int(engine.model.config.hidden_size)
+        if req.dimensions is not None and req.dimensions != hidden:
+            raise InvalidRequestError(
+                f"dimensions={req.dimensions} is not supported: this model's embeddings have {hidden} "
+                "dimensions and cannot be shortened; leave dimensions out",
+                param="dimensions",
+            )
+        inputs = token_inputs(
+            req.input, engine.encode_prompt, int(engine.model.config.vocab_size), engine.max_model_len
+        )
+        vectors, version = await engine.embed(inputs)
+        tokens = sum(len(ids) for ids in inputs)
+        body = embeddings_body(vectors, req.encoding_format, req.model or engine.model_name, tokens, version)
+        return Response(orjson.dumps(body), media_type="application/json")
 
     @app.post("/v1/weights")
     async def weights(req: WeightsRequest) -> JSONResponse:
