@@ -1,4 +1,5 @@
-"""The ``agl`` command line: one sub-command group per component (store, gateway, engine, ...).
+"""The ``agl`` command line: one sub-command group per component (store, gateway, engine, ...), and
+``agl train``, a single command.
 
 Each group lives in its own module and is imported only when that group runs, so ``agl --help``
 stays fast.
@@ -7,6 +8,7 @@ stays fast.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import typer
 
@@ -34,6 +36,15 @@ for _name, (_module, _help) in _GROUPS.items():
             raise
         continue
     app.add_typer(_sub, name=_name, help=_help)
+
+# single commands: name -> (module, function)
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("agl.cli.train", "train"),
+}
+
+for _name, (_module, _function) in _COMMANDS.items():
+    _command = getattr(importlib.import_module(_module), _function)
+    app.command(name=_name, epilog=getattr(sys.modules[_module], "EXAMPLE", None))(_command)
 
 
 def main() -> None:
