@@ -2,17 +2,23 @@
 
 The program gets the task as JSON on stdin (or in the file named by ``AGL_TASK_FILE``) and these
 environment variables: ``OPENAI_BASE_URL`` (the rollout-scoped gateway URL), ``OPENAI_API_KEY``,
-``AGL_ROLLOUT_ID``, ``AGL_ATTEMPT_ID``, ``AGL_REWARD_URL`` and, when configured, ``AGL_STORE_URL`` /
-``AGL_STORE_TOKEN``. It reports a reward either by POSTing ``{"reward": 0.7}`` (or
+``AGL_ROLLOUT_ID``, ``AGL_ATTEMPT_ID``, ``AGL_REWARD_URL``, ``AGL_REWARD_TOKEN`` and, when configured,
+``AGL_STORE_URL`` / ``AGL_STORE_TOKEN``. It reports a reward either by POSTing ``{"reward": 0.7}`` (or
 ``{"reward": {"acc": 1, "len": 0.2}, "primary_key": "acc"}``) to ``AGL_REWARD_URL``, or by printing a
 final stdout line ``{"reward": 0.7}``. Exit code 0 means success; anything else fails the attempt.
+
+The reward URL carries a secret made for this attempt (``?token=``, also accepted as
+``Authorization: Bearer $AGL_REWARD_TOKEN``): other local processes cannot post rewards into a rollout,
+and posts for an attempt that is not running get 404.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import os
+import secrets
 import signal
 import tempfile
 import threading
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from agl.agent.base import LitAgent, RolloutResult
 from agl.emit import _emit, emit_reward
@@ -30,21 +37,39 @@ _STDERR_TAIL = 4000
 
 
 class _RewardInbox:
-    """A loopback HTTP endpoint where external agents post rewards: ``POST /reward/{rollout}/{attempt}``."""
+    """A loopback HTTP endpoint where external agents post rewards: ``POST /reward/{rollout}/{attempt}``,
+    with the attempt's secret (see the module docstring)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._rewards: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._secrets: dict[tuple[str, str], str] = {}
         inbox = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (stdlib name)
-                parts = self.path.strip("/").split("/")
+                url = urlsplit(self.path)
+                parts = url.path.strip("/").split("/")
                 length = int(self.headers.get("Content-Length") or 0)
                 if len(parts) != 3 or parts[0] != "reward" or length > 1_000_000:
                     return self._reply(
                         404 if length <= 1_000_000 else 413, "use POST /reward/{rollout_id}/{attempt_id}"
                     )
+                key = (parts[1], parts[2])
+                with inbox._lock:
+                    expected = inbox._secrets.get(key)
+                if expected is None:
+                    return self._reply(
+                        404, f"no running attempt {parts[2]} of rollout {parts[1]} takes rewards"
+                    )
+                auth = self.headers.get("Authorization") or ""
+                given = (parse_qs(url.query).get("token") or [""])[0] or auth.removeprefix("Bearer ")
+                if not given:
+                    return self._reply(
+                        401, "missing token: POST to $AGL_REWARD_URL as given (it has ?token=)"
+                    )
+                if not hmac.compare_digest(given.encode(), expected.encode()):
+                    return self._reply(403, "wrong token for this attempt ($AGL_REWARD_TOKEN)")
                 try:
                     body = json.loads(self.rfile.read(length) or b"null")
                 except ValueError:
@@ -52,7 +77,8 @@ class _RewardInbox:
                 if not isinstance(body, dict) or not isinstance(body.get("reward"), (int, float, dict)):
                     return self._reply(400, "field 'reward' must be a number or an object of numbers")
                 with inbox._lock:
-                    inbox._rewards.setdefault((parts[1], parts[2]), []).append(body)
+                    if key in inbox._secrets:  # the attempt may have ended meanwhile
+                        inbox._rewards.setdefault(key, []).append(body)
                 self._reply(200, "ok")
 
             def _reply(self, status: int, message: str) -> None:
@@ -70,11 +96,18 @@ class _RewardInbox:
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, name="agl-reward-inbox", daemon=True).start()
 
-    def url(self, rollout_id: str, attempt_id: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/reward/{rollout_id}/{attempt_id}"
+    def open(self, rollout_id: str, attempt_id: str) -> tuple[str, str]:
+        """Start taking rewards for an attempt: its URL (secret included) and the secret."""
+        secret = secrets.token_urlsafe(24)
+        with self._lock:
+            self._secrets[(rollout_id, attempt_id)] = secret
+        port = self.server.server_address[1]
+        return f"http://127.0.0.1:{port}/reward/{rollout_id}/{attempt_id}?token={secret}", secret
 
     def take(self, rollout_id: str, attempt_id: str) -> list[dict[str, Any]]:
+        """The attempt's posted rewards; it takes no more after this."""
         with self._lock:
+            self._secrets.pop((rollout_id, attempt_id), None)
             return self._rewards.pop((rollout_id, attempt_id), [])
 
 
@@ -134,7 +167,7 @@ class CommandAgent(LitAgent):
             env["OPENAI_API_KEY"] = llm.api_key or env.get("OPENAI_API_KEY", "agl")
             env["AGL_MODEL"] = llm.model
         env["AGL_ROLLOUT_ID"], env["AGL_ATTEMPT_ID"] = rollout.rollout_id, attempt_id
-        env["AGL_REWARD_URL"] = _reward_inbox().url(rollout.rollout_id, attempt_id)
+        env["AGL_REWARD_URL"], env["AGL_REWARD_TOKEN"] = _reward_inbox().open(rollout.rollout_id, attempt_id)
         if self.store_url:
             env["AGL_STORE_URL"] = self.store_url
         if self.store_token:
@@ -169,6 +202,7 @@ class CommandAgent(LitAgent):
             except BaseException:  # timeout or cancellation: kill the whole group, then re-raise
                 _kill_group(proc.pid)
                 await proc.wait()
+                _reward_inbox().take(ctx.rollout_id, ctx.attempt_id)
                 raise
         return self._finish(
             proc.returncode or 0, stdout.decode(errors="replace"), stderr.decode(errors="replace"), ctx
@@ -185,14 +219,15 @@ class CommandAgent(LitAgent):
             local=False,
             error=code != 0,
         )
+        posted = _reward_inbox().take(ctx.rollout_id, ctx.attempt_id)
         if code != 0:
             raise AgentError(
                 f"{self.command[0]} exited with code {code}; stderr ends with: {stderr[-500:].strip()!r}",
                 rollout_id=ctx.rollout_id,
                 attempt_id=ctx.attempt_id,
             )
-        for posted in _reward_inbox().take(ctx.rollout_id, ctx.attempt_id):
-            emit_reward(posted["reward"], primary_key=posted.get("primary_key"))
+        for body in posted:
+            emit_reward(body["reward"], primary_key=body.get("primary_key"))
         for line in reversed(stdout.strip().splitlines()):
             try:
                 last = json.loads(line)

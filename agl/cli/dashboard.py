@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-app = typer.Typer()
+from agl.cli.tokens import non_empty
+
+app = typer.Typer(subcommand_metavar="", add_completion=False)  # a leaf: no COMMAND in its usage
 
 
 @app.callback(invoke_without_command=True)
@@ -15,6 +17,7 @@ def dashboard(
     token: str | None = typer.Option(
         None,
         envvar="AGL_STORE_TOKEN",
+        callback=non_empty,
         help="The store's bearer token; the dashboard's own API then requires it too (open /ui/?token=...).",
     ),
     metrics_dir: str | None = typer.Option(

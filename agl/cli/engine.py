@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from agl.cli.tokens import non_empty
+
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
@@ -21,6 +23,7 @@ def serve(
     token: str | None = typer.Option(
         None,
         envvar="AGL_ENGINE_TOKEN",
+        callback=non_empty,
         help="Require 'Authorization: Bearer TOKEN' on every route but /health (prefer the env variable).",
     ),
 ) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from agl.cli.tokens import non_empty
+
 app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
@@ -19,16 +21,19 @@ def serve(
     api_key: str | None = typer.Option(
         None,
         envvar="AGL_GATEWAY_UPSTREAM_API_KEY",
+        callback=non_empty,
         help="Key sent upstream, e.g. the engine's AGL_ENGINE_TOKEN (prefer the environment variable).",
     ),
     token: str | None = typer.Option(
         None,
         envvar="AGL_GATEWAY_TOKEN",
+        callback=non_empty,
         help="Require 'Authorization: Bearer TOKEN' on /admin/* and /metrics (prefer the env variable).",
     ),
     client_token: str | None = typer.Option(
         None,
         envvar="AGL_GATEWAY_CLIENT_TOKEN",
+        callback=non_empty,
         help="Also require a bearer token on model calls (agents' api_key); it is not forwarded upstream.",
     ),
     record_unattributed: bool = typer.Option(False, help="Also record calls that name no rollout."),

@@ -20,7 +20,9 @@ from typing import Any
 
 import typer
 
-app = typer.Typer(add_completion=False)
+from agl.cli.tokens import non_empty
+
+app = typer.Typer(subcommand_metavar="", add_completion=False)  # a leaf: no COMMAND in its usage
 log = logging.getLogger(__name__)
 
 
@@ -88,6 +90,7 @@ def _run_worker(args: _WorkerArgs) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    quiet_http_logs(args.log_level)
     agent = load_agent(args.agent)
     store = LightningStoreClient(args.store, token=args.token, retries=args.store_retries)
     runner = Runner(
@@ -115,6 +118,18 @@ def _run_worker(args: _WorkerArgs) -> int:
     return 0
 
 
+#: loggers that write a line per HTTP request (every poll of the queue): shown only at --log-level debug
+CHATTY_LOGGERS = ("httpx", "httpcore", "aiohttp.access", "aiohttp.client", "urllib3")
+
+
+def quiet_http_logs(level: str) -> None:
+    """Keep per-request logs of the HTTP clients out of the runner's log unless it runs at debug level;
+    the runner itself logs state changes (store outages, failures), not polls."""
+    if level.upper() != "DEBUG":
+        for name in CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _worker_entry(args: _WorkerArgs) -> None:
     sys.exit(_run_worker(args))
 
@@ -139,7 +154,10 @@ def runner(
     workers: int = typer.Option(1, min=1, help="Runner processes to start on this machine."),
     concurrency: int = typer.Option(1, min=1, help="Attempts each worker runs at once."),
     token: str | None = typer.Option(
-        None, envvar="AGL_STORE_TOKEN", help="Bearer token of the store (agl store serve --token)."
+        None,
+        envvar="AGL_STORE_TOKEN",
+        callback=non_empty,
+        help="Bearer token of the store (agl store serve --token).",
     ),
     max_rollouts: int | None = typer.Option(
         None, min=1, help="Each worker exits after claiming this many rollouts (default: run until stopped)."

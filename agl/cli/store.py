@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import typer
 
+from agl.cli.tokens import non_empty
+from agl.errors import AglError, UnauthorizedError
 from agl.store import DEFAULT_STORE_URL, open_store
 
 app = typer.Typer(no_args_is_help=True)
@@ -25,6 +26,7 @@ def serve(
     token: str | None = typer.Option(
         None,
         envvar="AGL_STORE_TOKEN",
+        callback=non_empty,
         help="Require 'Authorization: Bearer TOKEN' on every route but /health.",
     ),
     max_body_mb: int = typer.Option(64, help="Largest request body accepted, in MiB (413 beyond)."),
@@ -78,19 +80,25 @@ def _tune_gc_for_serving() -> None:
 @app.command()
 def stats(
     url: str = typer.Argument(DEFAULT_STORE_URL, help="Store URL (memory://, sqlite:///..., http://...)."),
+    token: str | None = typer.Option(
+        None,
+        envvar="AGL_STORE_TOKEN",
+        callback=non_empty,
+        help="Bearer token of a store server (agl store serve --token); prefer the env variable.",
+    ),
 ) -> None:
     """Print counts by status, spans and workers of a store."""
 
     async def run() -> None:
-        store = open_store(
-            url,
-            **(
-                {"token": os.environ["AGL_STORE_TOKEN"]}
-                if url.startswith("http") and "AGL_STORE_TOKEN" in os.environ
-                else {}
-            ),
-        )
-        typer.echo((await store.statistics()).model_dump_json(indent=2))
-        await store.aclose()
+        store = open_store(url, **({"token": token} if url.startswith("http") and token else {}))
+        try:
+            typer.echo((await store.statistics()).model_dump_json(indent=2))
+        finally:
+            await store.aclose()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except AglError as exc:
+        hint = "; pass --token (or set AGL_STORE_TOKEN)" if isinstance(exc, UnauthorizedError) else ""
+        typer.secho(f"agl store stats {url}: {exc}{hint}", err=True, fg="red")
+        raise typer.Exit(1) from exc

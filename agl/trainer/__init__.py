@@ -1,5 +1,5 @@
 """The Trainer: wiring only. ``dev`` for a quick debug loop, ``fit`` to train."""
 
-from agl.trainer.trainer import Trainer
+from agl.trainer.trainer import GatewaySettings, Trainer
 
-__all__ = ["Trainer"]
+__all__ = ["GatewaySettings", "Trainer"]

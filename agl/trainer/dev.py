@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -11,9 +14,11 @@ from rich.table import Table
 from rich.tree import Tree
 
 from agl import semconv as sc
-from agl.agent.base import LitAgent
+from agl.adapter.rewards import final_reward
+from agl.agent.base import FunctionAgent, LitAgent
+from agl.errors import ConfigError
 from agl.runner.runner import AttemptOutcome, Runner
-from agl.schemas import LLMCall, Resource, RolloutCreate, Span
+from agl.schemas import LLM, LLMCall, PromptTemplate, Resource, RolloutCreate, Span
 from agl.store.base import LightningStore
 from agl.store.memory import InMemoryLightningStore
 
@@ -36,6 +41,47 @@ def _describe(span: Span) -> str:
     return f"{span.name} {json.dumps(shown, default=str)[:100]}"
 
 
+@contextlib.contextmanager
+def serve_model(model: str, sampling: dict[str, Any] | None = None) -> Iterator[LLM]:
+    """The built-in engine serving ``model`` (``"tiny"``, ``"smollm2"`` or a local HF folder) on
+    loopback for ``dev``, as the LLM resource agents get; stopped on exit."""
+    from agl.engines.builtin.server import EngineServer
+
+    path = model
+    if model == "tiny":
+        from agl.models import tiny_model
+
+        path = str(tiny_model())
+    elif model == "smollm2":
+        from agl.models import smollm2
+
+        path = str(smollm2())
+    server = EngineServer(path, model_name=model).start()
+    try:
+        yield LLM(endpoint=server.base_url, model=model, sampling_parameters=dict(sampling or {}))
+    finally:
+        server.stop()
+
+
+def _check_resources(agent: LitAgent, resources: dict[str, Resource]) -> None:
+    """An ``@agl.rollout`` agent that wants an LLM or a prompt dev was not given fails here, naming
+    dev's own arguments (the runner's message would point at the store)."""
+    if not isinstance(agent, FunctionAgent):
+        return
+    for name, param in agent._signature.parameters.items():
+        if param.default is not inspect.Parameter.empty or name in resources:
+            continue
+        for kind, hint in ((LLM, "model='tiny' (serves the built-in engine) or "), (PromptTemplate, "")):
+            wanted = name == kind.__name__.lower() or name == "prompt" and kind is PromptTemplate
+            if (wanted or param.annotation in (kind, kind.__name__, f"agl.{kind.__name__}")) and not any(
+                isinstance(r, kind) for r in resources.values()
+            ):
+                raise ConfigError(
+                    f"the agent's parameter {name!r} wants an agl.{kind.__name__} and Trainer.dev got none: "
+                    f"pass {hint}resources={{{name!r}: agl.{kind.__name__}(...)}} to dev"
+                )
+
+
 async def run_dev(
     agent: LitAgent,
     tasks: Sequence[Any],
@@ -44,14 +90,28 @@ async def run_dev(
     console: Console | None = None,
     max_concurrency: int = 4,
 ) -> list[AttemptOutcome]:
+    """Run each task once (mode ``val``) and print a table and each rollout's span tree.
+
+    The reward shown (and returned) is the one training uses: the rollout's final reward as the
+    adapter reads it from the spans, not a per-call reward emitted last.
+    """
+    from agl.tracer.instrument import instrument
+
     store = store or InMemoryLightningStore()
     console = console or Console()
+    _check_resources(agent, resources or {})
+    instrument("openai")  # the agent's own model calls show up in the span tree
     if resources:
         await store.add_resources(resources)
     rollouts = await store.enqueue_rollouts([RolloutCreate(input=t, mode="val") for t in tasks])
     runner = Runner(agent, store, max_concurrency=max_concurrency, poll_interval_s=0.01)
     outcomes = {o.rollout_id: o for o in await runner.run(max_rollouts=len(rollouts))}
     runner.close()
+    spans = {
+        r.rollout_id: (await store.query_spans(rollout_id=r.rollout_id, attempt_id="latest")).items
+        for r in rollouts
+    }
+    outcomes = {rid: dataclasses.replace(o, reward=final_reward(spans[rid])) for rid, o in outcomes.items()}
     table = Table(title=f"agl dev: {len(rollouts)} rollouts")
     for column in ("rollout", "task", "status", "reward", "spans"):
         table.add_column(column)
@@ -64,7 +124,7 @@ async def run_dev(
     console.print(table)
     for rollout in rollouts:
         tree = Tree(f"[bold]{rollout.rollout_id}[/] {str(rollout.input)[:60]}")
-        for span in (await store.query_spans(rollout_id=rollout.rollout_id)).items:
+        for span in spans[rollout.rollout_id]:
             tree.add(_describe(span))
         outcome = outcomes[rollout.rollout_id]
         if outcome.error:

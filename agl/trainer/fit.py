@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import secrets
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -21,7 +23,7 @@ from agl.store.base import LightningStore
 
 if TYPE_CHECKING:
     from agl.engines.launch import Placer
-    from agl.trainer.trainer import Trainer
+    from agl.trainer.trainer import GatewaySettings, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,14 @@ async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: 
     runners, the gateway and the engine, and the exception propagates.
     """
     entry = algorithm_entry(trainer.algorithm)
-    out = Path(trainer.output_dir)
+    out = trainer.run_dir = trainer.new_run_dir()
     out.mkdir(parents=True, exist_ok=True)
+    if trainer.output_dir is None:  # say where this run's folder is: its name is new each run
+        print(
+            f"agl: Trainer.fit writes to {out}/ (Trainer(output_dir=...) to choose)",
+            file=sys.stderr,
+            flush=True,
+        )
     async with contextlib.AsyncExitStack() as stack:
         store, owns_store = _open_store(trainer, out)
         if owns_store or _is_client(store):
@@ -127,12 +135,28 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
 
 def _public_endpoint(gateway: Any, trainer: Trainer) -> str:
     """The gateway's rollout-scoped endpoint under the host name runners elsewhere can reach."""
-    host = trainer.public_host or trainer.gateway_host
+    host = trainer.gateway.public_host or trainer.gateway.host
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
     parts = urlsplit(str(gateway.endpoint_template))
     netloc = f"[{host}]" if ":" in host else host
     return urlunsplit(parts._replace(netloc=f"{netloc}:{parts.port}"))
+
+
+def gateway_client_token(settings: GatewaySettings) -> str | None:
+    """The token model calls need: the settings' own; generated (and printed once) for a gateway bound
+    beyond loopback without one, so that it is never open to the network; none on loopback."""
+    if settings.token or settings.loopback:
+        return settings.token or None
+    token = secrets.token_urlsafe(24)
+    print(
+        f"agl: the gateway binds {settings.host} and no token was given, so fit made one: {token}\n"
+        "     agents get it as llm.api_key (openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key));"
+        " choose your own with Trainer(gateway=agl.trainer.GatewaySettings(token=...))",
+        file=sys.stderr,
+        flush=True,
+    )
+    return token
 
 
 async def _serve_model(
@@ -147,17 +171,27 @@ async def _serve_model(
     from agl.gateway import Gateway
 
     spec = trainer.engine or BuiltinEngine(trainer.engine_options)
-    work_dir = Path(trainer.output_dir) / "engine"
+    work_dir = Path(ctx.output_dir) / "engine"
     engines = await start_engines(
         spec, model_path, algorithm=trainer.algorithm, work_dir=work_dir, placer=placer
     )
     stack.callback(engines.stop)
-    gateway = Gateway(store, engines.upstreams, host=trainer.gateway_host, port=trainer.gateway_port)
+    settings = trainer.gateway
+    client_token = gateway_client_token(settings)
+    gateway = Gateway(
+        store,
+        engines.upstreams,
+        host=settings.host,
+        port=settings.port,
+        token=settings.admin_token or secrets.token_urlsafe(24),
+        client_token=client_token,
+    )
     await asyncio.to_thread(gateway.start)
     stack.callback(gateway.stop)
     llm = LLM(
         endpoint=_public_endpoint(gateway, trainer),
         model="policy",
+        api_key=client_token,  # agents that build their client from llm.api_key need no change
         sampling_parameters=dict(trainer.sampling),
     )
 

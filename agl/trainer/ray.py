@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +79,10 @@ class RayLauncher:
         """``trainer.fit`` with runners and engines on actors; returns what the algorithm's ``run`` returns."""
         if trainer.algorithm is None:
             raise ConfigError("RayLauncher.fit needs Trainer(algorithm=...)")
-        return asyncio.run(self._fit(trainer, agent, list(train), list(val)))
+        from agl.trackers import use_trackers
+
+        with use_trackers(trainer.trackers):  # as Trainer.fit: the algorithm's MetricsLogger picks them up
+            return asyncio.run(self._fit(trainer, agent, list(train), list(val)))
 
     async def _fit(self, trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: Sequence[Any]) -> Any:
         from agl.serving import BackgroundServer
@@ -86,23 +91,25 @@ class RayLauncher:
 
         self.connect()
         entry = algorithm_entry(trainer.algorithm)
-        out = Path(trainer.output_dir)
+        out = trainer.run_dir = trainer.new_run_dir()
         out.mkdir(parents=True, exist_ok=True)
         # the gateway binds and advertises the driver address the runner actors use
         local = copy.copy(trainer)
-        local.gateway_host = local.public_host = self.host
+        local.gateway = dataclasses.replace(trainer.gateway, host=self.host, public_host=self.host)
         async with contextlib.AsyncExitStack() as stack:
             store, owns_store = _open_store(trainer, out)
             if owns_store:
                 stack.push_async_callback(store.aclose)
-            store_server = BackgroundServer(create_app(store), host=self.host)
+            # the runner actors get the token; nobody else on the network reaches the store
+            store_token = secrets.token_urlsafe(24)
+            store_server = BackgroundServer(create_app(store, token=store_token), host=self.host)
             await asyncio.to_thread(store_server.start)
             stack.callback(store_server.stop)
             ctx = TrainingContext(store=store, output_dir=str(out))
             model_path = getattr(trainer.algorithm, "model_path", None)
             if model_path is not None:
                 ctx = await _serve_model(stack, store, str(model_path), local, ctx, placer=RayPlacer(self))
-            fleet = RunnerFleet(self, agent, store_server.url)
+            fleet = RunnerFleet(self, agent, store_server.url, store_token)
             stack.push_async_callback(fleet.stop)
             runs = [asyncio.ensure_future(r) for r in fleet.start()]
             algorithm_task: asyncio.Future[Any] = asyncio.ensure_future(entry(ctx, train, val))

@@ -1,11 +1,15 @@
 """The main demo: teach SmolLM2-135M-Instruct to solve word problems with a calculator tool, on 2 CPU cores.
 
-    python -m examples.calc.train                 # SmolLM2, about 15 minutes
-    python -m examples.calc.train --model tiny    # a fast smoke run of the whole loop
+    python -m examples.calc.train                 # SmolLM2, about 15 minutes: writes results/calc/
+    python -m examples.calc.train --model tiny    # a one-minute smoke run of the loop: results/calc-tiny/
 
 The agent (``examples/calc/agent.py``) is plain openai-SDK code. The loop: measure held-out accuracy;
 a short SFT warm start on generated tool-use traces; GRPO through the store, runners, gateway and
-engine; measure again. Writes ``results/calc/curve.png`` and ``results/calc/summary.json``.
+engine; measure again. Writes ``curve.png``, ``summary.json``, ``metrics.csv``, the store and the
+trained model to ``--out``; a rerun replaces the previous run's store there.
+
+Defaults (SmolLM2 / tiny): 10 / 2 GRPO steps of 6 / 2 tasks, 8 / 2 warm-start steps, 64 / 8
+held-out tasks, learning rate 2e-5 / 1e-4.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +67,20 @@ def plot(history: list[dict[str, float]], phases: dict[str, float], path: Path) 
     plt.close(fig)
 
 
+def default_out(example: str, model: str) -> Path:
+    """``results/<example>`` for the SmolLM2 run, ``results/<example>-tiny`` for smoke runs: never the same."""
+    return Path("results") / (example if model == "smollm2" else f"{example}-{model}")
+
+
+def fresh_store(out: Path, names: Sequence[str] = ("store.db", "store.db-wal", "store.db-shm")) -> None:
+    """Start each run of an example with an empty store in ``out`` (fit would add to the last run's)."""
+    old = [out / n for n in names if (out / n).exists()]
+    if old:
+        print(f"replacing the previous run's store in {out}")
+    for path in old:
+        path.unlink()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -73,7 +92,9 @@ def main() -> None:
         "--sft-steps", type=int, default=None, help="SFT warm-start steps (default: 8, tiny: 2)"
     )
     parser.add_argument("--val", type=int, default=None, help="held-out tasks (default: 64, tiny: 8)")
-    parser.add_argument("--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: 6)")
+    parser.add_argument(
+        "--tasks-per-step", type=int, default=None, help="GRPO tasks per step (default: 6, tiny: 2)"
+    )
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per task in a GRPO group")
     parser.add_argument(
         "--lr", type=float, default=None, help="GRPO learning rate (default: 2e-5, tiny: 1e-4)"
@@ -84,11 +105,18 @@ def main() -> None:
         default=0.7,
         help="sampling temperature of training rollouts (at 1.0 SmolLM2 fails every rollout after the warm start)",
     )
-    parser.add_argument("--out", type=Path, default=Path("results/calc"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: results/calc, tiny: results/calc-tiny)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("agl.algorithm.grpo").setLevel(logging.INFO)  # phase results and warm-start losses
     tiny = args.model == "tiny"
+    args.out = args.out or default_out("calc", args.model)
+    fresh_store(args.out)
     steps = args.steps if args.steps is not None else (2 if tiny else 10)
     sft_steps = args.sft_steps if args.sft_steps is not None else (2 if tiny else 8)
     n_val = args.val if args.val is not None else (8 if tiny else 64)
@@ -104,8 +132,6 @@ def main() -> None:
         lr=args.lr or (1e-4 if tiny else 2e-5),
         eval_every=steps,  # held-out accuracy after the warm start and at the end
         loss=LossConfig(aggregation="token_mean"),
-        micro_batch_tokens=4096,
-        activation_checkpointing=True,  # peak memory about 3x lower on SmolLM2, no slower on a CPU
         seed=args.seed,
         warm_start=WarmStart(
             conversations=[tool_use_trace(t) for t in warm_tasks],

@@ -1,7 +1,7 @@
 """Iterated SFT (expert iteration) of the calc agent: the model learns from its own successful rollouts.
 
-    python -m examples.sft.run                  # SmolLM2
-    python -m examples.sft.run --model tiny     # a fast smoke run
+    python -m examples.sft.run                  # SmolLM2: writes results/sft/
+    python -m examples.sft.run --model tiny     # a fast smoke run: results/sft-tiny/
 
 SmolLM2 never uses the tool on its own, so a first iteration trains on a few generated tool-use traces;
 each later iteration keeps the agent's rollouts that earned reward 1 and fine-tunes on their engine
@@ -21,7 +21,7 @@ from agl.algorithm.sft import SFT, SFTConfig
 from agl.models import smollm2, tiny_model
 from examples.calc.agent import CALCULATOR, calc_agent
 from examples.calc.tasks import make_tasks
-from examples.calc.train import tool_use_trace
+from examples.calc.train import default_out, fresh_store, tool_use_trace
 
 
 class SeededExpertIteration(Algorithm):
@@ -52,9 +52,13 @@ def main() -> None:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--iterations", type=int, default=2)
     parser.add_argument("--val", type=int, default=16)
-    parser.add_argument("--out", type=Path, default=Path("results/sft"))
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: results/sft, tiny: results/sft-tiny)"
+    )
     args = parser.parse_args()
     tiny = args.model == "tiny"
+    args.out = args.out or default_out("sft", args.model)
+    fresh_store(args.out)
     path = tiny_model() if tiny else smollm2()
     config = SFTConfig(
         model_path=str(path),

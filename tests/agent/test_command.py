@@ -101,6 +101,32 @@ async def test_bad_reward_post_gets_400(tmp_path: Path) -> None:
     assert outcome.reward == 1.0  # type: ignore[attr-defined]
 
 
+async def test_the_reward_inbox_wants_the_attempts_secret(tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        """
+        base=${AGL_REWARD_URL%%\\?*}
+        post() { curl -s -o /dev/null -w '%{http_code}' -X POST "$@"; }
+        none=$(post -d '{"reward": 9}' "$base")
+        wrong=$(post -d '{"reward": 9}' "$base?token=guess")
+        wrong_header=$(post -H 'Authorization: Bearer guess' -d '{"reward": 9}' "$base")
+        other=$(post -d '{"reward": 9}' "$(echo "$base" | sed 's#/reward/.*#/reward/ro-x/at-x#')?token=$AGL_REWARD_TOKEN")
+        header=$(post -H "Authorization: Bearer $AGL_REWARD_TOKEN" -d '{"reward": 0.5}' "$base")
+        echo "codes $none $wrong $wrong_header $other $header" >&2
+        echo "$AGL_REWARD_URL" > url.txt
+        """,
+    )
+    outcome, spans = await _run_one(agl.CommandAgent([str(script)], cwd=tmp_path), None)
+    assert outcome.status == AttemptStatus.SUCCEEDED, outcome.error  # type: ignore[attr-defined]
+    (command,) = [s for s in spans if s.name == "agl.command"]
+    assert "codes 401 403 403 404 200" in command.attributes["agl.command.stderr"]
+    assert [s.attributes[sc.REWARD_VALUE] for s in spans if s.name == sc.SPAN_REWARD] == [0.5]
+    import httpx
+
+    late = httpx.post((tmp_path / "url.txt").read_text().strip(), json={"reward": 1.0})
+    assert late.status_code == 404  # the attempt is over: its URL takes nothing more
+
+
 def test_command_agent_validates_arguments() -> None:
     with pytest.raises(AgentError, match="needs a command"):
         agl.CommandAgent([])

@@ -177,3 +177,51 @@ def test_prompt_template_substitutes_only_placeholders() -> None:
         PromptTemplate(template="Hi {questoin}").format(question="x")
     assert _extract_prompt('<prompt>Reply as {"a": 1} to {question}</prompt>', "{question}") is not None
     assert _extract_prompt('<prompt>Reply as {"a": 1}</prompt>', "Answer {question}") is None
+
+
+@pytest.mark.timeout(60)
+def test_evaluate_after_fit_runs_its_own_runner_or_says_nothing_serves_it(tmp_path: Path) -> None:
+    with SimulatedLMServer(SimulatedLM()) as server:
+        store = InMemoryLightningStore()
+        config = APOConfig(
+            critic=LLM(endpoint=server.base_url, model="critic"),
+            editor=LLM(endpoint=server.base_url, model="editor"),
+            rounds=1,
+            minibatch_size=3,
+        )
+        apo = APO(config)
+        trainer = agl.Trainer(
+            algorithm=apo,
+            store=store,
+            n_runners=4,
+            output_dir=str(tmp_path),
+            initial_resources={
+                "llm": LLM(endpoint=server.base_url, model="task"),
+                "prompt": PromptTemplate(template=BASE_PROMPT),
+            },
+        )
+        result = trainer.fit(
+            price_agent,
+            [t.as_input() for t in make_tasks(3, seed=1)],
+            [t.as_input() for t in make_tasks(3, seed=2)],
+        )
+        test = [t.as_input() for t in make_tasks(6, seed=9)]
+        # fit's runners are gone: no silent 0.0 after a long wait, but an error naming the fix
+        with pytest.raises(
+            AgentError, match=r"no runner claimed any of the 6 test rollouts in 0.5 s.*agent="
+        ):
+            asyncio.run(apo.evaluate(store, result.best.template, test, claim_timeout_s=0.5))
+        known_best = " ".join(RULES[r][0] for r in BASIC_RULES)
+        score = asyncio.run(apo.evaluate(store, f"{BASE_PROMPT} {known_best}", test, agent=price_agent))
+        bland = asyncio.run(apo.evaluate(store, BASE_PROMPT, test, agent=price_agent))
+    assert (score, bland) == (1.0, 0.0)  # the in-process runner served every rollout, and scores differ
+
+
+async def test_evaluate_says_what_was_not_served_when_rollouts_outlast_the_timeout(bed: Bed) -> None:
+    store = InMemoryLightningStore()  # no runner: nothing ever claims these
+    await store.add_resources({"prompt": PromptTemplate(template=BASE_PROMPT)})
+    apo = APO(bed.config(rollout_timeout_s=0.3))
+    with pytest.raises(
+        AgentError, match=r"2 of 2 test rollouts were not served within rollout_timeout_s=0.3 s.*queuing"
+    ):
+        await apo.evaluate(store, BASE_PROMPT, ["a", "b"])

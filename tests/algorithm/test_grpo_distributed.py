@@ -116,3 +116,31 @@ def test_fit_with_two_ranks_trains(tmp_path: Path) -> None:
     assert any(row.get("grad_norm", 0.0) > 0 for row in result["history"])
     assert isinstance(grpo.policy, Policy)  # the ranks stopped; rank 0 keeps its plain policy
     assert not dist.is_initialized()
+
+
+_UNGUARDED = """
+import agl
+from agl.algorithm.grpo import GRPO, GRPOConfig
+
+grpo = GRPO(GRPOConfig(model_path={model!r}, steps=1, tasks_per_step=1, group_size=2, world_size=2))
+agl.Trainer(algorithm=grpo, n_runners=2, output_dir={out!r}).fit(agl.rollout(lambda task: 1.0), ["a"])
+"""
+
+
+@pytest.mark.slow  # starts an engine and a spawned rank
+def test_world_size_two_from_a_script_without_a_main_guard_fails_naming_the_guard(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(_UNGUARDED.format(model=str(tiny_model()), out=str(tmp_path / "out")))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path
+    )
+    assert done.returncode != 0, done.stderr[-3000:]
+    # the spawned rank refuses to start a second fit, and rank 0 reports it instead of waiting forever
+    assert "Trainer.fit ran in a spawned training rank" in done.stderr, done.stderr[-3000:]
+    assert "rank 1 of 2 exited" in done.stderr and 'if __name__ == "__main__":' in done.stderr

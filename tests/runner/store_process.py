@@ -104,10 +104,11 @@ async def sleepy(task: int) -> float:
 
 @agl.rollout
 async def llm_caller(task: str, llm: agl.LLM) -> float:
-    """Calls the policy through the gateway endpoint it was given (the trainer's, across the network)."""
+    """Calls the policy through the gateway endpoint it was given (the trainer's, across the network);
+    the gateway bound beyond loopback wants the token fit published as ``llm.api_key``."""
     import openai
 
-    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "k", max_retries=0)
     reply = await client.chat.completions.create(
         model=llm.model, messages=[{"role": "user", "content": task}], max_tokens=4
     )

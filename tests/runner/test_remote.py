@@ -32,8 +32,14 @@ def served(tmp_path: Path) -> Iterator[StoreProcess]:
 
 def agl_runner(url: str, agent: str, *args: str, **popen: Any) -> subprocess.Popen[str]:
     cmd = [PYTHON, "-m", "agl", "runner", "--store", url, "--agent", agent, "--token", TOKEN, *args]
-    return subprocess.Popen(
-        cmd, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen
+    return subprocess.Popen(  # dev mode: unclosed clients and sockets show as ResourceWarnings
+        cmd,
+        env=child_env(PYTHONDEVMODE="1"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
     )
 
 
@@ -146,3 +152,22 @@ async def _attempt_statuses(url: str) -> list[AttemptStatus]:
         statuses += [a.status for a in (await client.query_attempts(rollout_id=rollout.rollout_id)).items]
     await client.aclose()
     return statuses
+
+
+@pytest.mark.timeout(90)
+def test_runner_logs_no_request_per_poll_and_leaves_no_client_open(served: StoreProcess) -> None:
+    asyncio.run(_enqueue(served.url, [1, 2]))
+    quiet = agl_runner(
+        served.url, "tests.runner.store_process:square", "--max-rollouts", "2", "--poll-interval", "0.01"
+    )
+    out, _ = quiet.communicate(timeout=60)
+    assert quiet.returncode == 0 and "2 attempts, 2 succeeded" in out, out
+    assert "HTTP Request" not in out  # httpx logs every poll at INFO; the runner keeps them for debug
+    assert "Unclosed" not in out and "ResourceWarning" not in out, out
+
+    asyncio.run(_enqueue(served.url, [3]))
+    loud = agl_runner(
+        served.url, "tests.runner.store_process:square", "--max-rollouts", "1", "--log-level", "debug"
+    )
+    out, _ = loud.communicate(timeout=60)
+    assert loud.returncode == 0 and "HTTP Request" in out, out  # still there when asked for

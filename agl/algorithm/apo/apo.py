@@ -16,16 +16,19 @@ import asyncio
 import logging
 import math
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from agl.agent.base import LitAgent
 from agl.algorithm.apo.search import Candidate, diagnose_baseline, extract_prompt, leader_key, pareto_parents
 from agl.algorithm.apo.trajectories import Trajectory, load_trajectories, render_trajectories
 from agl.algorithm.base import Algorithm, TrainingContext
+from agl.algorithm.health import Failures
 from agl.errors import AgentError, ConfigError
-from agl.schemas import LLM, PromptTemplate, Resource, RolloutCreate
+from agl.schemas import LLM, PromptTemplate, Resource, RolloutCreate, RolloutStatus
 from agl.store.base import LightningStore
 
 log = logging.getLogger(__name__)
@@ -127,6 +130,8 @@ class APO(Algorithm):
         self.llm_calls_used = 0
         self.llm_calls_failed = 0
         self.branches_skipped = 0
+        self._round_failures: list[str] = []  # this round's failed rollouts' errors, for its console line
+        self._round_rollouts = 0
         self.history: list[Candidate] = []
         self._by_template: dict[str, Candidate] = {}
         self._rng = random.Random(config.seed)
@@ -232,8 +237,26 @@ class APO(Algorithm):
             stop_reason=stop_reason,
         )
 
-    async def evaluate(self, store: LightningStore, template: str, tasks: Sequence[Any]) -> float:
-        """Mean reward of ``template`` on held-out ``tasks`` (mode ``test``; not counted in the budget)."""
+    async def evaluate(
+        self,
+        store: LightningStore,
+        template: str,
+        tasks: Sequence[Any],
+        *,
+        agent: LitAgent | None = None,
+        max_concurrency: int = 4,
+        claim_timeout_s: float = 30.0,
+    ) -> float:
+        """Mean reward of ``template`` on held-out ``tasks`` (mode ``test``; not counted in the budget).
+
+        With ``agent`` the rollouts run on an in-process runner started for the call (after
+        ``Trainer.fit`` returns, its runners are gone); without it, runners attached to ``store`` must
+        serve them.
+
+        Raises:
+            AgentError: no runner claimed any rollout within ``claim_timeout_s``, or some were still
+                unfinished after ``rollout_timeout_s``; the message counts them by status.
+        """
         base = await store.get_latest_resources()
         resources: dict[str, Resource] = dict(base.resources) if base else {}
         version = await store.add_resources(
@@ -243,8 +266,48 @@ class APO(Algorithm):
             [RolloutCreate(input=t, mode="test", resources_id=version.resources_id) for t in tasks]
         )
         ids = [r.rollout_id for r in rollouts]
-        await store.wait_for_rollouts(ids, timeout_s=self.config.rollout_timeout_s)
+        runner = None
+        if agent is not None:
+            from agl.runner.runner import Runner
+
+            runner = Runner(agent, store, max_concurrency=max_concurrency, poll_interval_s=0.02)
+            runner_task = asyncio.create_task(runner.run())
+        try:
+            await self._wait_served(store, ids, claim_timeout_s if runner is None else None)
+        finally:
+            if runner is not None:
+                runner.stop()
+                await runner_task
+                runner.close()
         return sum(t.reward for t in await load_trajectories(store, ids)) / max(len(ids), 1)
+
+    async def _wait_served(
+        self, store: LightningStore, ids: list[str], claim_timeout_s: float | None
+    ) -> None:
+        """Wait for every rollout to finish; fail fast when nothing claims them, never return early."""
+        total = self.config.rollout_timeout_s
+        waited = 0.0
+        if claim_timeout_s is not None and claim_timeout_s < total:
+            done = await store.wait_for_rollouts(ids, timeout_s=claim_timeout_s)
+            waited = claim_timeout_s
+            if len(done) < len(ids):
+                statuses = [(await store.get_rollout(i)).status for i in ids]
+                if all(s == RolloutStatus.QUEUING for s in statuses):
+                    raise AgentError(
+                        f"APO.evaluate: no runner claimed any of the {len(ids)} test rollouts in "
+                        f"{claim_timeout_s:g} s (Trainer.fit's runners stop when fit returns); pass "
+                        "agent=your_agent to run them in-process, or attach runners to the store "
+                        "(agl runner --store URL --agent module:attr)"
+                    )
+        done = await store.wait_for_rollouts(ids, timeout_s=max(total - waited, 0.0))
+        if len(done) < len(ids):
+            counts = Counter([(await store.get_rollout(i)).status.value for i in ids])
+            unfinished = len(ids) - len(done)
+            raise AgentError(
+                f"APO.evaluate: {unfinished} of {len(ids)} test rollouts were not served within "
+                f"rollout_timeout_s={total:g} s (by status: {dict(sorted(counts.items()))}); raise "
+                "APOConfig.rollout_timeout_s or add runners"
+            )
 
     def _full(self) -> list[Candidate]:
         return [c for c in self.history if c.val_evaluated == len(self._val)]
@@ -462,6 +525,9 @@ class APO(Algorithm):
                     "%d of %d rollouts did not finish in time; scoring them 0", len(ids) - len(done), len(ids)
                 )
             for i, trajectory in zip(todo, await load_trajectories(self._store, ids), strict=True):
+                self._round_rollouts += 1
+                if trajectory.status != "succeeded":
+                    self._round_failures.append((trajectory.errors or [f"rollout {trajectory.status}"])[-1])
                 self._trajectories[trajectory.rollout_id] = trajectory
                 self._scores[(c.resources_id, split, i)] = (trajectory.rollout_id, trajectory.reward)
         return self._results(c, split, indices)
@@ -575,10 +641,16 @@ class APO(Algorithm):
             "leader_probe_score": self._prefix_mean(leader),
             "candidates": len([c for c in self.history if c.val_evaluated >= self._probe]),
             "llm_calls": self.llm_calls_used,
+            "rollouts": self._round_rollouts,
+            "failed_rollouts": len(self._round_failures),
         }
         log.info("APO round %d: %s", round_no, row)
         if metrics is not None:
-            metrics.log(round_no, row)
+            failures = Failures(
+                len(self._round_failures), self._round_rollouts, next(iter(self._round_failures), None)
+            )
+            metrics.log(round_no, {**row, **failures.console()})
+        self._round_failures, self._round_rollouts = [], 0
 
 
 def _extract_prompt(text: str, original: str) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import queue
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -180,9 +181,62 @@ def _digest(policy: Any) -> float:
         return float(sum(p.double().sum() for p in policy.model.parameters()))
 
 
-def _spawned(rank: int, world_size: int, init_method: str, backend: str) -> None:
+#: set while rank 0 spawns ranks: a spawned rank that re-imports an unguarded script and reaches
+#: ``Trainer.fit`` sees it and raises (``agl.trainer.trainer.refuse_in_spawned_rank``)
+SPAWNED_RANK_ENV = "AGL_SPAWNED_RANK"
+
+MAIN_GUARD_FIX = (
+    'call Trainer.fit under `if __name__ == "__main__":` in the script that starts training: with '
+    "GRPOConfig(world_size > 1) the other ranks are spawned Python processes that re-import that script"
+)
+
+
+def _spawned(rank: int, world_size: int, init_method: str, backend: str, ready: Any) -> None:
+    ready.put(rank)  # the main script is imported: this rank got past the point where a missing guard fails
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     serve_worker(rank, world_size, init_method, backend)
+
+
+def _spawn_ranks(world_size: int, init_method: str, backend: str) -> list[Any]:
+    """Start ranks 1..N-1 and wait until each has imported the main script; a rank that dies first
+    (an unguarded script re-running ``fit``) raises here instead of leaving rank 0 waiting forever."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    processes: list[Any] = []
+    previous = os.environ.get(SPAWNED_RANK_ENV)
+    os.environ[SPAWNED_RANK_ENV] = "1"
+    try:
+        for rank in range(1, world_size):
+            proc = ctx.Process(
+                target=_spawned, args=(rank, world_size, init_method, backend, ready), daemon=True
+            )
+            proc.start()
+            processes.append(proc)
+    finally:
+        if previous is None:
+            os.environ.pop(SPAWNED_RANK_ENV, None)
+        else:
+            os.environ[SPAWNED_RANK_ENV] = previous
+    pending = dict(enumerate(processes, start=1))
+    while pending:
+        try:
+            pending.pop(ready.get(timeout=0.1), None)
+            continue
+        except queue.Empty:
+            pass
+        dead = {rank: p.exitcode for rank, p in pending.items() if p.exitcode is not None}
+        if dead:
+            for proc in processes:
+                proc.terminate()
+            for proc in processes:
+                proc.join(timeout=10)
+            rank, code = next(iter(dead.items()))
+            raise ConfigError(
+                f"rank {rank} of {world_size} exited (code {code}) before it started; if its error above "
+                f"says Trainer.fit ran in a spawned rank: {MAIN_GUARD_FIX}"
+            )
+    ready.close()
+    return processes
 
 
 class DistributedPolicy:
@@ -221,13 +275,7 @@ class DistributedPolicy:
                 dist.init_process_group(backend, init_method="env://")
             else:
                 init_method = f"tcp://127.0.0.1:{_free_port()}"
-                ctx = mp.get_context("spawn")
-                for rank in range(1, world_size):
-                    proc = ctx.Process(
-                        target=_spawned, args=(rank, world_size, init_method, backend), daemon=True
-                    )
-                    proc.start()
-                    processes.append(proc)
+                processes = _spawn_ranks(world_size, init_method, backend)
                 dist.init_process_group(backend, init_method=init_method, rank=0, world_size=world_size)
         elif dist.get_world_size() != world_size or dist.get_rank() != 0:
             raise ConfigError(
