@@ -1,4 +1,5 @@
-"""The web dashboard: rollouts, traces, rewards, resources versions (with APO prompt diffs) and training curves.
+"""The web dashboard: rollouts (search, sort, filters), traces with every span's attributes, what GRPO
+trained on (groups, advantages, skip reasons, merged samples), resources versions with diffs, and curves.
 
 ``agl store serve`` serves it at ``/ui``; ``agl dashboard --store URL`` serves it for a remote store.
 """

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from agl import semconv as sc
-from agl.schemas import LLMCall, PromptTemplate, ResourcesVersion, Rollout, Span
+from agl.schemas import LLMCall, ModelWeights, PromptTemplate, ResourcesVersion, Rollout, Span
 
 #: attributes too bulky to ship to a browser; the view keeps their length instead
 _BULKY = (
@@ -27,6 +27,8 @@ _BULKY = (
 )
 _SECRET_KEYS = frozenset({"api_key", "authorization", "token", "password"})
 MAX_METRIC_ROWS = 5000
+#: the span :class:`agl.CommandAgent` writes for each run of its program
+COMMAND_SPAN = "agl.command"
 
 
 def redact(value: Any) -> Any:
@@ -83,6 +85,33 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
     return view
 
 
+def usage_of(usage: dict[str, Any] | None) -> dict[str, int | None]:
+    """Token usage as prompt/completion/total, whichever API reported it (chat: ``prompt_tokens``;
+    Responses: ``input_tokens``/``output_tokens``)."""
+    u = usage or {}
+    prompt = u.get("prompt_tokens", u.get("input_tokens"))
+    completion = u.get("completion_tokens", u.get("output_tokens"))
+    total = u.get("total_tokens")
+    if total is None and isinstance(prompt, int) and isinstance(completion, int):
+        total = prompt + completion
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
+
+
+#: request fields shown as the call's settings (the messages are shown as the transcript)
+_REQUEST_SKIP = frozenset({"messages", "input", "prompt", "model"})
+
+
+def request_settings(request: Any) -> dict[str, Any]:
+    """The request body without its messages: sampling settings, tools, response format."""
+    if not isinstance(request, dict):
+        return {}
+    return {k: v for k, v in request.items() if k not in _REQUEST_SKIP}
+
+
+def _count(value: Any) -> int | None:
+    return len(value) if isinstance(value, list) else None
+
+
 def _detail(span: Span) -> tuple[str, dict[str, Any]]:
     """The span's category and the few fields a person reads first."""
     a = span.attributes
@@ -93,15 +122,36 @@ def _detail(span: Span) -> tuple[str, dict[str, Any]]:
             messages = [{"role": "prompt", "content": call.prompt}]
         response = _message(call.response_message) if call.response_message else None
         tool_calls = tool_calls_of(call.tool_calls) or (response or {}).get("tool_calls", [])
+        settings = request_settings(a.get(sc.LLM_REQUEST))
         return "llm", {
             "model": call.model,
             "messages": messages,
             "response": response,
             "tool_calls": tool_calls,
-            "usage": call.usage,
+            "usage": usage_of(call.usage),
             "latency_ms": a.get(sc.LLM_LATENCY_MS),
             "finish_reason": call.finish_reason,
             "error": call.error,
+            "api": call.api,
+            "source": call.source,
+            "agent": call.agent_name,
+            "model_version": call.model_version,
+            "has_token_ids": a.get(sc.LLM_HAS_TOKEN_IDS, call.has_token_ids),
+            "prompt_token_ids": _count(call.prompt_token_ids),
+            "completion_token_ids": _count(call.completion_token_ids),
+            "logprobs": _count(call.logprobs),
+            "tools": [
+                (t.get("function") or {}).get("name", t.get("name"))
+                for t in settings.get("tools") or []
+                if isinstance(t, dict)
+            ],
+            "settings": {k: v for k, v in settings.items() if k != "tools"},
+        }
+    if span.name == COMMAND_SPAN:
+        return "command", {
+            "argv": a.get("agl.command.argv"),
+            "exit_code": a.get("agl.command.exit_code"),
+            "stderr": a.get("agl.command.stderr"),
         }
     if span.name == sc.SPAN_REWARD:
         return "reward", {"value": a.get(sc.REWARD_VALUE), "values": a.get(sc.REWARD_VALUES) or {}}
@@ -123,7 +173,7 @@ def _detail(span: Span) -> tuple[str, dict[str, Any]]:
             "input": a.get(sc.OPERATION_INPUT),
             "output": a.get(sc.OPERATION_OUTPUT),
         }
-    return "other", {}
+    return "other", {"agent": a.get(sc.AGENT_NAME)}
 
 
 def span_view(span: Span, depth: int = 0, recorded: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -135,11 +185,7 @@ def span_view(span: Span, depth: int = 0, recorded: frozenset[str] = frozenset()
     category, detail = _detail(span)
     if category == "llm" and _traced_twin(span, recorded):
         category = "llm_trace"
-    attributes = {
-        k: (f"<{len(v)} values>" if k in _BULKY and isinstance(v, list) else v)
-        for k, v in span.attributes.items()
-        if not (k in _BULKY and isinstance(v, dict))
-    }
+    attributes = {k: _light(k, v) for k, v in span.attributes.items()}
     return {
         "span_id": span.span_id,
         "parent_id": span.parent_id,
@@ -155,6 +201,18 @@ def span_view(span: Span, depth: int = 0, recorded: frozenset[str] = frozenset()
         "detail": redact(detail),
         "attributes": redact(attributes),
     }
+
+
+def _light(key: str, value: Any) -> Any:
+    """An attribute as the tree ships it: bulky ones (token ids, bodies) as a size note; the span's
+    raw JSON (``/api/rollouts/{id}/spans/{span_id}``) has them in full."""
+    if key not in _BULKY:
+        return value
+    if isinstance(value, list):
+        return f"<{len(value)} values>"
+    if isinstance(value, dict):
+        return f"<object with {len(value)} keys>"
+    return value
 
 
 def _traced_twin(span: Span, recorded: frozenset[str]) -> bool:
@@ -194,10 +252,31 @@ def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
     return out
 
 
-def rollout_view(rollout: Rollout, reward: float | None) -> dict[str, Any]:
+def rollout_view(rollout: Rollout, reward: float | None, agent: str | None = None) -> dict[str, Any]:
+    """A rollout, secrets hidden, with its final reward, agent name and run time (None while it runs)."""
     view: dict[str, Any] = redact(rollout.model_dump(mode="json"))
     view["reward"] = reward
+    view["agent"] = agent
+    view["duration_s"] = duration_s(rollout)
     return view
+
+
+def duration_s(rollout: Rollout) -> float | None:
+    """Seconds from the first start to the end, or None while the rollout has not ended."""
+    if rollout.ended_at is None:
+        return None
+    return rollout.ended_at - (rollout.started_at or rollout.created_at)
+
+
+def model_version(version: ResourcesVersion) -> str | None:
+    """The weights version a resources version serves (GRPO's ``model_version``: what spans record)."""
+    tagged = version.metadata.get("model_version")
+    if tagged is not None:
+        return str(tagged)
+    for resource in version.resources.values():
+        if isinstance(resource, ModelWeights):
+            return resource.version
+    return None
 
 
 def version_view(version: ResourcesVersion) -> dict[str, Any]:
@@ -206,15 +285,17 @@ def version_view(version: ResourcesVersion) -> dict[str, Any]:
     apo = version.metadata.get("apo")
     view["apo"] = apo if isinstance(apo, dict) else None
     view["diff_parent_id"] = diff_parent(version)
+    view["model_version"] = model_version(version)
     return view
 
 
-def diff_parent(version: ResourcesVersion) -> str | None:
-    """The version a change is read against: the APO parent candidate, else the stored parent."""
+def diff_parent(version: ResourcesVersion, previous: str | None = None) -> str | None:
+    """The version a change is read against: the APO parent candidate, else the stored parent, else
+    ``previous`` (the version numbered just before it: GRPO's versions have no parent)."""
     apo = version.metadata.get("apo")
     if isinstance(apo, dict) and apo.get("parent_id"):
         return str(apo["parent_id"])
-    return version.parent_id
+    return version.parent_id or previous
 
 
 def _lines(version: ResourcesVersion | None, name: str) -> list[str]:

@@ -1,12 +1,18 @@
-"""A real store server with the dashboard mounted, filled by real rollouts: a runner, an ``@agl.rollout``
-agent calling a scripted OpenAI upstream through the gateway (so spans hold real prompts, completions and
-tool calls), two APO prompt versions, and a metrics.csv written by ``MetricsLogger``.
+"""Real stores served with the dashboard mounted.
+
+``filled``: a runner, an ``@agl.rollout`` agent calling a scripted OpenAI upstream through the gateway (so
+spans hold real prompts, completions and tool calls), a Responses-API call, an empty completion, a
+``CommandAgent`` run, two APO prompt versions, and a metrics.csv written by ``MetricsLogger``.
+``trained``: the store and metrics of a real GRPO run (``Trainer.fit`` on the tiny model) where some
+groups have one reward only, so GRPO skips them, and one step makes no update at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +29,7 @@ from agl.serving import BackgroundServer
 from agl.store import SqliteLightningStore
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app
-from agl.testing.openai_upstream import OpenAIUpstream
+from agl.testing.openai_upstream import OpenAIUpstream, ScriptedReply
 
 TOKEN = "dash-secret"
 API_KEY = "sk-never-shown"
@@ -56,6 +62,9 @@ class Filled:
     failed: str = ""
     queued: str = ""
     tool_rollout: str = ""
+    responses_rollout: str = ""
+    empty_rollout: str = ""
+    command_rollout: str = ""
 
     def client(self) -> LightningStoreClient:
         return LightningStoreClient(self.url, token=TOKEN, retries=0)
@@ -92,7 +101,7 @@ async def shop_agent(task: dict[str, Any], llm: LLM, prompt: PromptTemplate) -> 
     return float(task["reward"])
 
 
-async def _fill(filled: Filled, gateway_endpoint: str) -> None:
+async def _fill(filled: Filled, gateway_endpoint: str, upstream: OpenAIUpstream) -> None:
     store = filled.client()
     llm = LLM(endpoint=gateway_endpoint, model="shop-model", api_key=API_KEY)
     v1 = await store.add_resources(
@@ -132,7 +141,48 @@ async def _fill(filled: Filled, gateway_endpoint: str) -> None:
     filled.tool_rollout = rollouts[3].rollout_id
     runner = agl.Runner(shop_agent, store, poll_interval_s=0.01, heartbeat_interval_s=0.5)
     await runner.run(max_rollouts=8)  # six rollouts and the failing one's two attempts
+    # one at a time: the empty reply is scripted for the next chat call
+    upstream.script(ScriptedReply(content=""))
+    for kind in ("responses", "empty"):
+        (r,) = await store.enqueue_rollouts(
+            [RolloutCreate(input={"kind": kind}, mode="test", resources_id=v2.resources_id)]
+        )
+        await agl.Runner(edge_agent, store, poll_interval_s=0.01).run(max_rollouts=1)
+        setattr(filled, f"{kind}_rollout", r.rollout_id)
+        filled.rewards[r.rollout_id], filled.modes[r.rollout_id] = 1.0, "test"
+        filled.versions[r.rollout_id] = v2.resources_id
+    (r,) = await store.enqueue_rollouts(
+        [RolloutCreate(input={"kind": "command"}, mode="test", resources_id=v2.resources_id)]
+    )
+    command = agl.CommandAgent(COMMAND, name="shell-agent")
+    await agl.Runner(command, store, poll_interval_s=0.01).run(max_rollouts=1)
+    filled.command_rollout = r.rollout_id
+    filled.rewards[r.rollout_id], filled.modes[r.rollout_id] = 0.5, "test"
+    filled.versions[r.rollout_id] = v2.resources_id
     await store.aclose()
+
+
+#: a program run by ``CommandAgent``: it writes to stderr and prints its reward
+COMMAND = [
+    sys.executable,
+    "-c",
+    "import sys; sys.stderr.write('warming up the shell agent\\n'); print('{\"reward\": 0.5}')",
+]
+
+
+@agl.rollout
+async def edge_agent(task: dict[str, Any], llm: LLM) -> float:
+    """A Responses-API call, or a chat call whose reply is empty (both shown as they are)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0)
+    if task["kind"] == "responses":
+        await client.responses.create(model=llm.model, input="what does a fig cost?", temperature=0.3)
+    else:
+        await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": "say nothing"}], max_tokens=5
+        )
+    return 1.0
 
 
 @pytest.fixture(scope="session")  # the API and browser tests share one (the fill takes seconds)
@@ -151,7 +201,7 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
     with BackgroundServer(app) as server, OpenAIUpstream() as upstream:
         filled = Filled(url=server.url, metrics_dir=metrics_dir, v1="", v2="")
         with Gateway(inner, [upstream.base_url], GatewayConfig(health_interval_s=0.1)) as gateway:
-            asyncio.run(_fill(filled, gateway.endpoint_template))
+            asyncio.run(_fill(filled, gateway.endpoint_template, upstream))
         queued = asyncio.run(_enqueue(filled, RolloutCreate(input={"question": "later"}, mode="test")))
         filled.queued = queued
         filled.rewards[queued], filled.modes[queued] = None, "test"
@@ -163,3 +213,67 @@ async def _enqueue(filled: Filled, create: RolloutCreate) -> str:
     (rollout,) = await store.enqueue_rollouts([create])
     await store.aclose()
     return rollout.rollout_id
+
+
+# ----- a real GRPO run's store --------------------------------------------------------------------
+#: with seed 3 and two of these per step, step 2 draws only the constant tasks: it makes no update
+TRAIN_TASKS = ["count", "constant", "steady"]
+
+
+@agl.rollout
+async def count_agent(task: str, llm: LLM) -> float:
+    """Two chat turns (merged into one sample); a varied reward on "count", one fixed reward otherwise."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": task}]
+    first = await client.chat.completions.create(model=llm.model, messages=messages, max_tokens=4)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "more"},
+    ]
+    second = await client.chat.completions.create(model=llm.model, messages=messages, max_tokens=4)
+    await client.close()
+    if task != "count":
+        return 0.5  # every rollout of the task gets the same reward: a zero-variance group
+    text = (first.choices[0].message.content or "") + (second.choices[0].message.content or "")
+    return sum(c.isdigit() for c in text) / 8 + (sum(map(ord, text)) % 97) / 9700
+
+
+@dataclass
+class Trained:
+    url: str
+    out: Path
+    history: list[dict[str, float]]
+
+
+def _fit(out: Path, steps: int, lr: float) -> dict[str, Any]:
+    from agl.algorithm.grpo import GRPO, GRPOConfig
+    from agl.models import tiny_model
+
+    config = GRPOConfig(
+        model_path=str(tiny_model()),
+        steps=steps,
+        tasks_per_step=2,
+        group_size=4,
+        lr=lr,
+        eval_every=1,
+        seed=3,
+    )
+    trainer = agl.Trainer(algorithm=GRPO(config), n_runners=8, output_dir=str(out))
+    result: dict[str, Any] = trainer.fit(count_agent, TRAIN_TASKS, ["count"])
+    return result
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
+    """Two short real GRPO runs (their metrics overlaid); the first one's store is served."""
+    root = tmp_path_factory.mktemp("trained")
+    # in a thread of its own: fit runs its own event loop, and Playwright's sync API holds this thread's
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(_fit, root / "runs" / "lr-1e-3", 3, 1e-3).result()
+        pool.submit(_fit, root / "runs" / "lr-1e-2", 2, 1e-2).result()
+    inner = SqliteLightningStore(str(root / "runs" / "lr-1e-3" / "store.db"))
+    app = mount_dashboard(create_app(inner), inner, metrics_dir=root / "runs")
+    with BackgroundServer(app) as server:
+        yield Trained(url=server.url, out=root / "runs" / "lr-1e-3", history=first["history"])

@@ -281,3 +281,93 @@ def test_agl_store_serve_and_agl_dashboard_commands_serve_the_ui(tmp_path: Any) 
         for proc in procs:
             proc.terminate()
             proc.wait(10)
+
+
+def test_search_sort_and_filters(http: httpx.Client, filled: Filled) -> None:
+    by_id = get(http, "rollouts", q=filled.tool_rollout[3:11])["items"]
+    assert [r["rollout_id"] for r in by_id] == [filled.tool_rollout]
+    by_input = get(http, "rollouts", q="LOOKUP TOOL: PEAR")["items"]  # input text, any case
+    assert [r["input"]["question"] for r in by_input] == ["use the lookup tool: pear"]
+    by_output = get(http, "rollouts", q="COSTS 3 DOLLARS")["items"]  # only in the last model reply
+    assert {r["rollout_id"] for r in by_output} >= {filled.tool_rollout}
+    assert all(r["input"]["question"].startswith("use the lookup tool") for r in by_output)
+    ranked = get(http, "rollouts", sort="reward", status="succeeded", mode="train")["items"]
+    assert [r["reward"] for r in ranked] == [0.8, 0.6, 0.4, 0.2]
+    rising = get(http, "rollouts", sort="reward", order="asc", mode="train", status="succeeded")["items"]
+    assert [r["reward"] for r in rising] == [0.2, 0.4, 0.6, 0.8]
+    slow = get(http, "rollouts", sort="duration", status="succeeded")["items"]
+    durations = [r["duration_s"] for r in slow]
+    assert durations == sorted(durations, reverse=True) and all(d >= 0 for d in durations)
+    v1 = get(http, "rollouts", resources_id=filled.v1)["items"]
+    assert {r["rollout_id"] for r in v1} == {rid for rid, v in filled.versions.items() if v == filled.v1}
+    errors = get(http, "rollouts", error="ValueError")["items"]
+    assert [r["rollout_id"] for r in errors] == [filled.failed]
+    shell = get(http, "rollouts", agent="shell-agent")["items"]
+    assert [(r["rollout_id"], r["agent"]) for r in shell] == [(filled.command_rollout, "shell-agent")]
+    pages, cursor = [], ""
+    while True:
+        page = get(http, "rollouts", sort="reward", limit=2, cursor=cursor)
+        pages += [r["rollout_id"] for r in page["items"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert sorted(pages) == sorted(get(http, "rollouts", limit=1000)["items"] and pages)
+    assert len(pages) == len(set(pages)) == page["total"]
+    for params, field in (
+        ({"sort": "size"}, "sort"),
+        ({"order": "up"}, "order"),
+        ({"q": "x", "cursor": "5"}, "cursor"),
+    ):
+        bad = http.get("/ui/api/rollouts", params=params)
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == field
+
+
+def test_responses_usage_command_span_and_a_span_in_full(http: httpx.Client, filled: Filled) -> None:
+    spans = get(http, f"rollouts/{filled.responses_rollout}")["spans"]
+    (call,) = [s for s in spans if s["category"] == "llm"]
+    usage = call["detail"]["usage"]
+    assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0  # from input/output_tokens
+    assert call["detail"]["settings"]["temperature"] == 0.3
+    (command,) = [
+        s for s in get(http, f"rollouts/{filled.command_rollout}")["spans"] if s["category"] == "command"
+    ]
+    assert command["detail"]["exit_code"] == 0 and "warming up the shell agent" in command["detail"]["stderr"]
+    tool_spans = get(http, f"rollouts/{filled.tool_rollout}")["spans"]
+    first = next(s for s in tool_spans if s["category"] == "llm")
+    assert first["detail"]["tools"] == ["lookup"]
+    full = get(http, f"rollouts/{filled.tool_rollout}/spans/{first['span_id']}")["span"]
+    assert full["attributes"][sc.LLM_REQUEST]["tools"][0]["function"]["name"] == "lookup"
+    assert API_KEY not in str(full)
+    missing = http.get(f"/ui/api/rollouts/{filled.tool_rollout}/spans/nope")
+    assert missing.status_code == 404
+
+
+def test_a_version_without_a_parent_is_diffed_against_the_previous_one(
+    http: httpx.Client, filled: Filled
+) -> None:
+    assert get(http, f"resources/{filled.v2}/diff", against=filled.v1)["against"] == filled.v1
+    group = http.get("/ui/api/groups/gr-nope")
+    assert group.status_code == 404
+    assert http.get("/ui/api/groups").status_code == 422
+    assert http.get("/ui/api/groups", params={"step": "two"}).json()["error"]["field"] == "step"
+
+
+def test_search_sees_new_rollouts_and_status_changes(http: httpx.Client, filled: Filled) -> None:
+    get(http, "rollouts", q="anything")  # the search index is read once before the change
+    body = {"rollouts": [{"input": {"question": "a zebra-crossing question"}, "mode": "test"}]}
+    created = http.post("/v1/agl/rollouts", json=body).raise_for_status().json()[0]["rollout_id"]
+    filled.rewards[created], filled.modes[created] = None, "test"  # other tests count every rollout
+    try:
+        deadline = time.monotonic() + 10
+        while not (found := get(http, "rollouts", q="ZEBRA-CROSSING")["items"]):
+            assert time.monotonic() < deadline, "the new rollout never reached the search index"
+            time.sleep(0.1)
+        assert [(r["rollout_id"], r["status"]) for r in found] == [(created, "queuing")]
+    finally:
+        http.patch(f"/v1/agl/rollouts/{created}", json={"status": "cancelled"}).raise_for_status()
+    deadline = time.monotonic() + 10
+    while [r["status"] for r in get(http, "rollouts", q="zebra-crossing")["items"]] != ["cancelled"]:
+        assert time.monotonic() < deadline, "the search index kept the old status"
+        time.sleep(0.1)
+    assert [r["rollout_id"] for r in get(http, "rollouts", q="zebra", status="cancelled")["items"]] == [
+        created
+    ]

@@ -6,6 +6,9 @@ Screenshots land in ``results/dashboard/``. Needs ``apt-get install -y chromium 
 
 from __future__ import annotations
 
+import json
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 
 from agl import semconv as sc
 from agl.schemas import Span
-from tests.dashboard.conftest import TOKEN, Filled
+from tests.dashboard.conftest import TOKEN, Filled, Trained
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parents[2] / "results" / "dashboard"
@@ -111,7 +114,7 @@ def test_a_rollout_shows_its_span_tree_messages_tool_calls_and_reward(page: Any,
     assert page.locator("#rollout-reward").inner_text() == "0.800"
     names = page.locator("#trace td.name").all_inner_texts()
     assert any("agl.llm.call" in n for n in names) and any("lookup" in n for n in names)
-    llm = page.locator(".card.llm").first
+    llm = page.locator("#transcript .card.llm").first
     assert "Use the lookup tool for every price." in llm.inner_text()  # the system prompt
     assert "use the lookup tool: apple" in llm.inner_text()  # the user message
     assert "tool call lookup(" in llm.inner_text()  # the tool call the model made
@@ -120,11 +123,12 @@ def test_a_rollout_shows_its_span_tree_messages_tool_calls_and_reward(page: Any,
     )
     assert ["solve", "8px"] in indents and ["lookup", "26px"] in indents  # lookup is drawn under solve
     assert (
-        "tool result:" in page.locator(".card.llm").nth(1).inner_text()
+        "tool result:" in page.locator("#transcript .card.llm").nth(1).inner_text()
     )  # the completion after the tool ran
-    assert page.locator(".card.reward .big-reward").inner_text() == "0.800"
+    assert page.locator("#transcript .card.reward .big-reward").inner_text() == "0.800"
     page.locator("#trace tr", has_text="agl.reward").click()
-    assert "flash" in (page.locator(".card.reward").get_attribute("class") or "")
+    assert "flash" in (page.locator("#transcript .card.reward").get_attribute("class") or "")
+    assert page.locator("#span-detail .big-reward").inner_text() == "0.800"  # and its detail panel
     page.screenshot(path=SHOTS / "rollout.png", full_page=True)
 
 
@@ -132,7 +136,7 @@ def test_a_failed_rollout_shows_its_attempts_and_exception(page: Any, filled: Fi
     page.goto(f"{filled.url}/ui/#/rollout/{filled.failed}")
     page.locator("#attempts tbody tr").nth(1).wait_for()
     assert page.locator("#attempts tbody tr").count() == 2
-    assert "the task asked to fail" in page.locator(".card.exception").first.inner_text()
+    assert "the task asked to fail" in page.locator("#transcript .card.exception").first.inner_text()
     page.screenshot(path=SHOTS / "rollout-failed.png", full_page=True)
     page.locator("#attempts tbody tr").first.click()
     page.wait_for_function("document.querySelector('#attempts tbody tr').classList.contains('selected')")
@@ -154,8 +158,11 @@ def test_curves_are_drawn(page: Any, filled: Filled) -> None:
     by_version = page.locator(".chart[data-title='Mean reward per resources version']")
     by_version.locator("polyline").first.wait_for()
     assert by_version.locator("polyline").count() == 2  # train and val
-    assert page.locator(".chart[data-title='Reward of finished rollouts over time'] circle").count() == 6
-    metric = page.locator(".chart[data-title='grpo: reward_mean']")
+    rewarded = sum(w is not None for w in filled.rewards.values())
+    assert (
+        page.locator(".chart[data-title='Reward of finished rollouts over time'] circle").count() == rewarded
+    )
+    metric = page.locator(".chart[data-title='reward_mean']")
     assert metric.locator("circle").count() == 5
     page.screenshot(path=SHOTS / "curves.png", full_page=True)
 
@@ -193,7 +200,228 @@ def test_a_running_rollout_page_follows_new_spans_and_its_end(page: Any, filled:
     store.patch(
         f"/rollouts/{rollout_id}/attempts/{attempt_id}", json={"status": "succeeded"}
     ).raise_for_status()
-    page.locator(".card.reward .big-reward", has_text="0.250").wait_for(timeout=10_000)
+    page.locator("#transcript .card.reward .big-reward", has_text="0.250").wait_for(timeout=10_000)
     page.locator("h2 .badge", has_text="succeeded").wait_for(timeout=10_000)
     assert page.evaluate("window.__noReload") is True
     store.close()
+
+
+# ----- the seven defects, fixed ------------------------------------------------------------------------
+
+
+def test_a_responses_api_call_shows_its_token_counts(page: Any, filled: Filled) -> None:
+    page.goto(f"{filled.url}/ui/#/rollout/{filled.responses_rollout}")
+    card = page.locator(".card.llm").first
+    card.wait_for()
+    title = card.locator(".title").inner_text()
+    assert "undefined" not in title and re.search(r"\d+\+\d+ tokens", title), title
+    assert "temperature=0.3" in card.inner_text()
+    card.screenshot(path=SHOTS / "fix-responses-usage.png")
+
+
+def test_small_defects_unknown_id_tool_call_ids_empty_reply_and_dated_times(
+    page: Any, filled: Filled
+) -> None:
+    page.goto(f"{filled.url}/ui/#/rollout/ro-does-not-exist")
+    page.locator("#load-error").wait_for()
+    assert "loading" not in page.locator("#view").inner_text()
+    assert "not" in page.locator("#load-error").inner_text().lower()
+    page.screenshot(path=SHOTS / "fix-unknown-rollout.png")
+    page.goto(f"{filled.url}/ui/#/rollout/{filled.tool_rollout}")
+    tool_message = page.locator(".msg.tool").first
+    tool_message.wait_for()
+    assert re.search(r"call_\d+", tool_message.locator(".role").inner_text())  # as the model wrote it
+    times = page.locator("#rollout-times").inner_text()
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d → \d{4}-\d\d-\d\d", times) and "(" in times
+    assert re.search(r"\d+(\.\d+)? (ms|s)", page.locator("#attempts tbody tr").first.inner_text())
+    page.locator(".card.llm").nth(1).screenshot(path=SHOTS / "fix-tool-call-id.png")
+    page.goto(f"{filled.url}/ui/#/rollout/{filled.empty_rollout}")
+    empty = page.locator(".card.llm .empty-msg")
+    empty.wait_for()
+    assert empty.inner_text() == "(empty completion)"
+    page.locator(".card.llm").first.screenshot(path=SHOTS / "fix-empty-completion.png")
+
+
+def test_the_span_detail_panel_shows_every_attribute_raw_json_and_copies_it(
+    browser: Any, filled: Filled
+) -> None:
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    page.goto(f"{filled.url}/ui/?token={TOKEN}#/rollout/{filled.tool_rollout}")
+    page.locator("#trace tr", has_text="agl.llm.call").first.click()
+    panel = page.locator("#span-detail")
+    panel.wait_for()
+    attrs = panel.locator("#span-attrs").inner_text()
+    for key in (sc.LLM_HAS_TOKEN_IDS, sc.LLM_REQUEST_MESSAGES, sc.LLM_LATENCY_MS, sc.LLM_REQUEST):
+        assert key in attrs, key
+    assert "tools: lookup" in panel.inner_text()  # the request's tools
+    page.wait_for_function("document.querySelector('#span-raw').textContent.startsWith('{')")
+    raw = json.loads(panel.locator("#span-raw").inner_text())
+    assert raw["attributes"][sc.LLM_REQUEST]["tools"][0]["function"]["name"] == "lookup"
+    panel.locator("#copy-raw").click()
+    page.get_by_text("Copied").wait_for()
+    assert json.loads(page.evaluate("navigator.clipboard.readText()")) == raw
+    panel.screenshot(path=SHOTS / "span-detail.png")
+    page.goto(f"{filled.url}/ui/#/rollout/{filled.command_rollout}")
+    page.locator("#trace tr", has_text="agl.command").click()
+    command = panel.locator(".card.command")
+    command.wait_for()
+    assert "exit code 0" in command.inner_text() and "warming up the shell agent" in command.inner_text()
+    assert sys.executable in command.inner_text()
+    page.locator("#rollout-times").scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "span-detail-command.png", full_page=True)
+    context.close()
+
+
+def test_search_sort_and_filter_rollouts(page: Any, filled: Filled) -> None:
+    page.goto(f"{filled.url}/ui/#/rollouts")
+    page.fill("#search", "costs 3 dollars")
+    page.press("#search", "Enter")
+    page.wait_for_function("location.hash.includes('q=costs')")
+    page.wait_for_function(
+        "[...document.querySelectorAll('#rollouts tr[data-rollout]')].length > 0 && "
+        "[...document.querySelectorAll('#rollouts tr[data-rollout]')].every(r => r.innerText.includes('lookup tool'))"
+    )
+    assert filled.tool_rollout in rows(page)
+    page.goto(f"{filled.url}/ui/#/rollouts?sort=reward&mode=train&status=succeeded")
+    page.wait_for_function("document.querySelectorAll('#rollouts tr[data-rollout]').length === 4")
+    rewards = page.locator("#rollouts td.reward").all_inner_texts()
+    assert rewards == ["0.800", "0.600", "0.400", "0.200"]
+    page.goto(f"{filled.url}/ui/#/rollouts")
+    page.fill("#agent", "shell-agent")
+    page.press("#agent", "Enter")
+    page.wait_for_function("document.querySelectorAll('#rollouts tr[data-rollout]').length === 1")
+    assert rows(page) == [filled.command_rollout]
+    assert page.locator("#rollouts td.agent").inner_text() == "shell-agent"
+    page.screenshot(path=SHOTS / "search-agent.png")
+
+
+def test_the_transcript_shows_each_message_once(page: Any, filled: Filled) -> None:
+    page.goto(f"{filled.url}/ui/#/rollout/{filled.tool_rollout}")
+    second = page.locator("#transcript .card.llm").nth(1)
+    second.wait_for()
+    assert "Use the lookup tool for every price." not in second.inner_text()  # the system prompt: once
+    assert "3 dollars" in second.inner_text()  # the tool result is new in the second call
+    second.locator(".show-context").click()
+    assert "Use the lookup tool for every price." in second.inner_text()
+    second.screenshot(path=SHOTS / "transcript-once.png")
+
+
+def test_resources_pick_what_to_diff_against(page: Any, filled: Filled) -> None:
+    page.goto(f"{filled.url}/ui/#/resources/{filled.v1}")
+    page.locator("#diff-against").wait_for()
+    page.select_option("#diff-against", filled.v2)
+    page.wait_for_function("location.hash.includes('against=')")
+    page.locator("#version-detail .diff .del").first.wait_for()
+    assert (
+        "Use the lookup tool for every price." in page.locator("#version-detail .diff .del").all_inner_texts()
+    )
+    page.screenshot(path=SHOTS / "resources-against.png", full_page=True)
+
+
+# ----- a real GRPO run: groups, what was trained, curves ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run_page(browser: Any, trained: Trained) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    opened = context.new_page()
+    opened.set_default_timeout(30_000)  # the first training view imports torch
+    opened.goto(f"{trained.url}/ui/")
+    yield opened
+    context.close()
+
+
+def _groups(trained: Trained, step: int) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = httpx.get(f"{trained.url}/ui/api/groups", params={"step": step}).json()[
+        "items"
+    ]
+    return items
+
+
+@pytest.mark.slow  # the session's two tiny-model GRPO runs (~40 s, shared with test_training)
+def test_curves_of_a_real_run(run_page: Any, trained: Trained) -> None:
+    page = run_page
+    page.goto(f"{trained.url}/ui/#/curves")
+    page.locator("#metric-charts .chart").first.wait_for()
+    titles = page.locator("#metric-charts .chart").evaluate_all("cs => cs.map(c => c.dataset.title)")
+    assert titles[:4] == ["reward_mean", "val_reward", "samples", "zero_variance_groups"]  # key metrics first
+    reward = page.locator(".chart[data-title='reward_mean']")
+    assert reward.locator(".legend").inner_text().count("lr-1e-") == 2  # both runs overlaid
+    # one x range for every chart: the same step ticks everywhere, integers only (a one-point run too)
+    ticks = page.locator("#metric-charts .chart").evaluate_all(
+        "cs => cs.map(c => [...c.querySelectorAll('text.xtick')].map(t => t.textContent).join(','))"
+    )
+    assert len(set(ticks)) == 1 and all(t.isdigit() for t in ticks[0].split(",")), ticks
+    ratio = page.locator(".chart[data-title='ratio_mean'] text.ytick").evaluate_all(
+        "ts => ts.map(t => t.textContent)"
+    )
+    assert len(set(ratio)) == len(ratio) > 1, ratio  # no tick reads the same as another
+    # step 2 drew only zero-variance groups: no update, so a marker, and the loss line has a gap there
+    loss = page.locator(".chart[data-title='loss']")
+    assert loss.locator("line.no-update").count() >= 1
+    assert loss.locator("polyline[data-series='lr-1e-3']").count() == 0  # steps 1 and 3 are not joined
+    train_colors = [
+        page.locator(f".chart[data-title='{t}'] .legend span", has_text="train")
+        .first.locator("span")
+        .get_attribute("style")
+        for t in ("Mean reward per resources version", "Reward of finished rollouts over time")
+    ]
+    assert train_colors[0] == train_colors[1], train_colors  # train is the same colour on both
+    reward.locator("circle").first.hover()
+    assert re.search(r"lr-1e-\d · step \d+: ", reward.locator(".readout").inner_text())
+    page.screenshot(path=SHOTS / "curves-run.png", full_page=True)
+    reward.locator("circle[data-x='2']").last.click()  # to the groups of step 2 (the top circle)
+    page.locator("#step-groups tbody tr").first.wait_for()
+    assert page.locator("#step-groups").inner_text().count("skipped: zero variance") == 2
+    assert "made no update" in page.locator("#no-update").inner_text()
+    assert "null" not in page.locator("#view").inner_text()
+    page.screenshot(path=SHOTS / "step-groups.png", full_page=True)
+
+
+@pytest.mark.slow  # the session's two tiny-model GRPO runs (~40 s, shared with test_training)
+def test_the_group_view_and_what_was_trained(run_page: Any, trained: Trained) -> None:
+    page = run_page
+    live = next(g for g in _groups(trained, 1) if not g["zero_variance"])
+    first = httpx.get(f"{trained.url}/ui/api/groups/{live['group_id']}").json()["rollouts"][0]["rollout_id"]
+    page.goto(f"{trained.url}/ui/#/rollout/{first}")
+    page.locator("#training-calls tbody tr").first.wait_for()
+    verdicts = page.locator("#training-calls td.verdict").all_inner_texts()
+    assert verdicts == ["TRAINED", "TRAINED"] or verdicts == ["trained", "trained"], verdicts
+    strip = page.locator(".sample .strip").first
+    completion = strip.locator(".tok.gen").first
+    assert "logprob -" in (completion.get_attribute("title") or "")
+    assert strip.locator(".tok.ctx").count() > 0 and strip.locator(".tok.call-start").count() >= 1
+    page.locator("#training").screenshot(path=SHOTS / "what-was-trained.png")
+    page.click("#group-link")
+    grid = page.locator("#group-grid .member")
+    grid.first.wait_for()
+    assert grid.count() == 4
+    advantages = [float(a) for a in page.locator("#group-grid .advantage").all_inner_texts()]
+    assert abs(sum(advantages)) < 0.01 and any(a != 0 for a in advantages)
+    page.screenshot(path=SHOTS / "group.png", full_page=True)
+    flat = next(g for g in _groups(trained, 1) + _groups(trained, 2) if g["zero_variance"])
+    page.goto(f"{trained.url}/ui/#/group/{flat['group_id']}")
+    page.locator("#zero-variance").wait_for()
+    assert page.locator("#group-grid").inner_text().count("zero-variance group") == 4
+    page.screenshot(path=SHOTS / "group-zero-variance.png", full_page=True)
+    page.locator("#group-grid .member").first.click()
+    page.locator("#training-calls tbody tr").first.wait_for()
+    assert "zero-variance group" in page.locator("#training-calls").inner_text()
+    assert "skipped" in page.locator("#training-calls").inner_text().lower()
+
+
+@pytest.mark.slow  # the session's two tiny-model GRPO runs (~40 s, shared with test_training)
+def test_a_grpo_version_is_diffed_against_the_previous_one(run_page: Any, trained: Trained) -> None:
+    page = run_page
+    versions = httpx.get(f"{trained.url}/ui/api/resources").json()["items"]
+    newest = versions[0]
+    page.goto(f"{trained.url}/ui/#/resources/{newest['resources_id']}")
+    title = page.locator("#diff-title")
+    title.wait_for()
+    assert "First version" not in title.inner_text()
+    assert f"v{newest['version'] - 1} · weights" in title.inner_text()
+    assert page.locator("#version-detail .diff .add").count() >= 1  # the weights' version changed
+    assert f"weights {newest['model_version']}" in page.locator("#version-detail h3").first.inner_text()
+    page.screenshot(path=SHOTS / "resources-grpo.png", full_page=True)

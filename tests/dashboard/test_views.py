@@ -68,7 +68,23 @@ def test_llm_span_view_reads_content_parts_tool_calls_and_drops_bulky_token_ids(
     assert view["detail"]["messages"] == [{"role": "user", "content": "hi\n[image_url]"}]
     assert view["detail"]["tool_calls"] == [{"id": "c1", "name": "f", "arguments": "{}"}]
     assert view["attributes"][sc.LLM_PROMPT_TOKEN_IDS] == "<5000 values>"
-    assert sc.LLM_REQUEST not in view["attributes"] and "sk-x" not in str(view)
+    assert view["attributes"][sc.LLM_REQUEST] == "<object with 2 keys>" and "sk-x" not in str(view)
+    assert view["detail"]["prompt_token_ids"] == 5000 and view["detail"]["completion_token_ids"] is None
+    assert view["detail"]["settings"] == {"api_key": "***"}  # the request's settings, secrets hidden
+
+
+def test_usage_reads_chat_and_responses_api_counts() -> None:
+    assert views.usage_of({"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}) == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+    }
+    assert views.usage_of({"input_tokens": 5, "output_tokens": 2}) == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "total_tokens": 7,
+    }
+    assert views.usage_of(None) == {"prompt_tokens": None, "completion_tokens": None, "total_tokens": None}
 
 
 def test_resources_diff_lists_added_removed_and_changed_resources() -> None:

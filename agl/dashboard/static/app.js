@@ -48,10 +48,25 @@ function s(tag, attrs, ...children) {
   for (const child of children) el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   return el;
 }
+// replaceChildren without the null/false placeholders of optional parts (it would print "null")
+const fill = (el, ...children) => el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 const badge = (status) => h("span", { class: "badge s-" + status }, status);
 const fmtReward = (r) => (r === null || r === undefined ? "–" : Number(r).toFixed(3));
-const fmtTime = (t) => (t ? new Date(t * 1000).toLocaleTimeString() : "–");
+const pad2 = (n) => String(n).padStart(2, "0");
+// Times carry their date (runs span days); the same clock everywhere: local time, 24 h.
+function fmtTime(t) {
+  if (!t) return "–";
+  const d = new Date(t * 1000);
+  return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}`;
+}
 const fmtMs = (ms) => (ms >= 1000 ? (ms / 1000).toFixed(2) + " s" : ms.toFixed(1) + " ms");
+function fmtDur(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  if (seconds < 60) return fmtMs(seconds * 1000);
+  const m = Math.floor(seconds / 60);
+  return m < 60 ? `${m} min ${Math.round(seconds - m * 60)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
+}
+const fmtNum = (v, digits = 3) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
 const short = (id) => (id ? String(id).slice(0, 14) : "–");
 function preview(value, n = 80) {
   const text = typeof value === "string" ? value : JSON.stringify(value);
@@ -73,9 +88,11 @@ function route() {
   const parts = path.split("/").filter(Boolean);
   const params = new URLSearchParams(query || "");
   document.querySelectorAll("[data-nav]").forEach((a) =>
-    a.classList.toggle("active", a.dataset.nav === (parts[0] === "rollout" ? "rollouts" : parts[0])));
+    a.classList.toggle("active", a.dataset.nav === ({ rollout: "rollouts", group: "rollouts", step: "curves" }[parts[0]] || parts[0])));
   if (parts[0] === "rollout" && parts[1]) return rolloutView(decodeURIComponent(parts[1]), params);
-  if (parts[0] === "resources") return resourcesView(parts[1] ? decodeURIComponent(parts[1]) : null);
+  if (parts[0] === "group" && parts[1]) return groupView(decodeURIComponent(parts[1]));
+  if (parts[0] === "step" && parts[1]) return stepView(decodeURIComponent(parts[1]));
+  if (parts[0] === "resources") return resourcesView(parts[1] ? decodeURIComponent(parts[1]) : null, params.get("against"));
   if (parts[0] === "curves") return curvesView();
   return rolloutsView(params);
 }
@@ -92,14 +109,18 @@ async function refresh(force) {
     const [data, summary] = await Promise.all([mine.load(), api("summary")]);
     hideBanner();
     drawCounts(summary.statistics);
-    document.getElementById("updated").textContent = new Date().toLocaleTimeString();
+    document.getElementById("updated").textContent = fmtTime(Date.now() / 1000).slice(11);
     const key = JSON.stringify(data);
     if (mine !== current || (!force && key === mine.key)) return; // nothing new: keep scroll and selection
     mine.key = key;
     mine.draw(data);
   } catch (err) {
     if (err instanceof Unauthorized) askToken(err.message);
-    else showBanner("Could not load: " + err.message);
+    else {
+      showBanner("Could not load: " + err.message);
+      // a view that never drew (an unknown rollout id) says so instead of "loading…"
+      if (mine === current && mine.key === undefined) fill(view, h("div", { class: "empty error", id: "load-error" }, "Could not load: " + err.message));
+    }
   }
 }
 
@@ -121,90 +142,124 @@ function askToken(message) {
   showBanner(h("b", {}, "This store needs a token. "), message + " ", input, " ", h("button", { onclick: save }, "Use token"));
 }
 
-// ----- rollouts list ------------------------------------------------------------------------------
+// ----- rollouts list: search, sort and filters ------------------------------------------------------
 function rolloutsView(params) {
   const statuses = new Set((params.get("status") || "").split(",").filter(Boolean));
-  const mode = params.get("mode") || "";
+  const f = {};
+  for (const k of ["mode", "q", "sort", "order", "resources_id", "group_id", "agent", "error"]) f[k] = params.get(k) || "";
   const cursors = [null]; // cursors of the pages seen, for "newer"
   let page = 0;
   let next = null;
-  const go = (changes) => {
-    const q = new URLSearchParams({ status: [...statuses].join(","), mode, ...changes });
+  const query = (changes) => {
+    const q = new URLSearchParams({ status: [...statuses].join(","), ...f, ...changes });
     for (const [k, v] of [...q]) if (!v) q.delete(k);
-    location.hash = "#/rollouts" + (q.toString() ? "?" + q : "");
+    return q;
   };
+  const go = (changes) => { const q = query(changes); location.hash = "#/rollouts" + (q.toString() ? "?" + q : ""); };
   const chips = STATUSES.map((st) => h("button", {
     class: "chip" + (statuses.has(st) ? " on" : ""), "data-status": st,
     onclick: () => { statuses.has(st) ? statuses.delete(st) : statuses.add(st); go({}); },
   }, st));
-  const modeSelect = h("select", { id: "mode", onchange: (e) => go({ mode: e.target.value }) },
-    ["", "train", "val", "test"].map((m) => h("option", { value: m, selected: m === mode }, m || "all modes")));
+  const select = (id, key, options) => h("select", { id, onchange: (e) => go({ [key]: e.target.value }) },
+    options.map(([value, label]) => h("option", { value, selected: value === f[key] }, label)));
+  const text = (id, key, placeholder) => {
+    const input = h("input", { type: "text", id, placeholder, value: f[key] });
+    input.addEventListener("keydown", (e) => { if (e.key === "Enter") go({ [key]: input.value.trim() }); });
+    input.addEventListener("change", () => go({ [key]: input.value.trim() }));
+    return input;
+  };
+  const versionSelect = select("resources", "resources_id", [["", "all versions"]]);
+  api("resources").then((list) => versionSelect.append(...list.items.map((v) => h("option",
+    { value: v.resources_id, selected: v.resources_id === f.resources_id }, versionLabel(v))))).catch(() => {});
   const body = h("tbody");
   const older = h("button", { id: "older", disabled: true, onclick: () => { cursors.push(next); page += 1; refresh(true); } }, "Older →");
   const newer = h("button", { id: "newer", disabled: true, onclick: () => { cursors.pop(); page -= 1; refresh(true); } }, "← Newer");
   const pageLabel = h("span", { class: "mute" });
-  view.replaceChildren(
+  fill(view, 
     h("h2", {}, "Rollouts"),
+    h("div", { class: "filters" }, text("search", "q", "search id, input or output text…"),
+      h("span", { class: "mute" }, "sort:"),
+      select("sort", "sort", [["", "created"], ["reward", "reward"], ["duration", "duration"]]),
+      select("order", "order", [["", "descending"], ["asc", "ascending"]]),
+      h("span", { class: "mute" }, " mode:"), select("mode", "mode", ["", "train", "val", "test"].map((m) => [m, m || "all modes"])),
+      h("span", { class: "mute" }, " resources:"), versionSelect),
     h("div", { class: "filters" }, h("span", { class: "mute" }, "status:"), chips,
       statuses.size ? h("button", { class: "chip", onclick: () => { statuses.clear(); go({}); } }, "clear") : null,
-      h("span", { class: "mute" }, " mode:"), modeSelect),
+      text("group", "group_id", "group id"), text("agent", "agent", "agent name"), text("error", "error", "error type")),
     h("table", { id: "rollouts" },
-      h("thead", {}, h("tr", {}, ["rollout", "status", "mode", "reward", "attempts", "resources", "created", "input"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["rollout", "status", "mode", "reward", "agent", "attempts", "resources", "created", "duration", "input"].map((c) => h("th", {}, c)))),
       body),
     h("div", { class: "pager" }, newer, older, pageLabel));
   return {
-    load: () => api("rollouts?" + new URLSearchParams({ status: [...statuses].join(","), mode, limit: 50, cursor: cursors[cursors.length - 1] || "" })),
+    load: () => api("rollouts?" + query({ limit: 50, cursor: cursors[cursors.length - 1] || "" })),
     draw: (data) => {
       next = data.next_cursor;
       older.disabled = !next;
       newer.disabled = page === 0;
-      pageLabel.textContent = `page ${page + 1}`;
+      pageLabel.textContent = `page ${page + 1}` + (data.total !== undefined ? ` · ${data.total} match` : "");
       body.replaceChildren(...data.items.map((r) => h("tr", {
         class: "link", "data-rollout": r.rollout_id, onclick: () => { location.hash = "#/rollout/" + encodeURIComponent(r.rollout_id); },
       },
         h("td", { class: "mono" }, r.rollout_id), h("td", {}, badge(r.status)), h("td", {}, r.mode),
-        h("td", { class: "reward" }, fmtReward(r.reward)), h("td", {}, r.num_attempts),
-        h("td", { class: "mono" }, short(r.resources_id)), h("td", {}, fmtTime(r.created_at)),
+        h("td", { class: "reward" }, fmtReward(r.reward)), h("td", { class: "agent" }, r.agent || "–"), h("td", {}, r.num_attempts),
+        h("td", { class: "mono" }, short(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
+        h("td", { class: "nowrap" }, fmtDur(r.duration_s)),
         h("td", { class: "mono mute" }, preview(r.input)))));
-      if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "empty" }, "No rollouts match.")));
+      if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "empty" }, "No rollouts match.")));
     },
   };
 }
 
-// ----- one rollout: attempts, span tree + waterfall, transcript -------------------------------------
+const versionLabel = (v) => `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${short(v.resources_id)}`;
+
+// ----- one rollout: attempts, span tree + waterfall + detail panel, what was trained, transcript ------
 function rolloutView(rolloutId, params) {
   let attemptId = params.get("attempt") || "";
   let selected = null;
-  view.replaceChildren(h("div", { class: "empty" }, "loading…"));
+  let training = null; // fetched once per view: the group's spans do not change after it finished
+  fill(view, h("div", { class: "empty" }, "loading…"));
   return {
-    load: () => api("rollouts/" + encodeURIComponent(rolloutId) + (attemptId ? "?attempt_id=" + encodeURIComponent(attemptId) : "")),
+    load: async () => {
+      const data = await api("rollouts/" + encodeURIComponent(rolloutId) + (attemptId ? "?attempt_id=" + encodeURIComponent(attemptId) : ""));
+      if (!training || !["succeeded", "failed", "cancelled"].includes(training.status)) {
+        const t = await api("rollouts/" + encodeURIComponent(rolloutId) + "/training").catch((e) => ({ error: e.message }));
+        training = { status: data.rollout.status, data: t };
+      }
+      return { ...data, training: training.data };
+    },
     draw: (data) => {
       const r = data.rollout;
       const attempts = h("table", { id: "attempts" },
-        h("thead", {}, h("tr", {}, ["#", "attempt", "status", "worker", "started", "ended", "error"].map((c) => h("th", {}, c)))),
+        h("thead", {}, h("tr", {}, ["#", "attempt", "status", "worker", "started", "ended", "duration", "error"].map((c) => h("th", {}, c)))),
         h("tbody", {}, data.attempts.map((a) => h("tr", {
           class: "link" + (a.attempt_id === data.attempt_id ? " selected" : ""),
           onclick: () => { attemptId = a.attempt_id; refresh(true); },
         }, h("td", {}, a.attempt_number), h("td", { class: "mono" }, a.attempt_id), h("td", {}, badge(a.status)),
-          h("td", { class: "mono" }, a.worker_id || "–"), h("td", {}, fmtTime(a.started_at)), h("td", {}, fmtTime(a.ended_at)),
+          h("td", { class: "mono" }, a.worker_id || "–"), h("td", { class: "nowrap" }, fmtTime(a.started_at)), h("td", { class: "nowrap" }, fmtTime(a.ended_at)),
+          h("td", {}, a.ended_at && a.started_at ? fmtDur(a.ended_at - a.started_at) : "–"),
           h("td", { class: "mono" }, a.error ? preview(a.error, 120) : "")))));
-      view.replaceChildren(
+      const byId = Object.fromEntries(data.spans.map((sp) => [sp.span_id, sp]));
+      const detail = h("div", { id: "span-detail", class: "panel", hidden: true });
+      const select = (id) => { selected = id; flash(id); showSpan(detail, rolloutId, byId[id]); };
+      fill(view, 
         h("h2", {}, h("a", { href: "#/rollouts" }, "Rollouts"), " / ", h("span", { class: "mono" }, r.rollout_id), " ", badge(r.status)),
         h("div", { class: "panel kv" },
           h("span", {}, "reward"), h("span", { class: "reward", id: "rollout-reward" }, fmtReward(r.reward)),
           h("span", {}, "mode"), h("span", {}, r.mode),
-          h("span", {}, "resources"), h("span", { class: "mono" }, r.resources_id
-            ? h("a", { href: "#/resources/" + encodeURIComponent(r.resources_id) }, r.resources_id) : "–"),
-          h("span", {}, "group"), h("span", { class: "mono" }, r.group_id || "–"),
-          h("span", {}, "created / ended"), h("span", {}, fmtTime(r.created_at) + " / " + fmtTime(r.ended_at)),
+          h("span", {}, "agent"), h("span", {}, r.agent || "–"),
+          h("span", {}, "resources"), h("span", { id: "rollout-resources" }, r.resources_id
+            ? [h("a", { href: "#/resources/" + encodeURIComponent(r.resources_id), class: "mono" }, r.resources_id),
+              r.resources_version ? ` (resources v${r.resources_version}` + (r.model_version ? ` · weights ${r.model_version})` : ")") : ""] : "–"),
+          h("span", {}, "group"), h("span", { class: "mono" }, r.group_id ? h("a", { href: "#/group/" + encodeURIComponent(r.group_id), id: "group-link" }, r.group_id) : "–"),
+          h("span", {}, "created / ended"), h("span", { id: "rollout-times" }, fmtTime(r.created_at) + " → " + fmtTime(r.ended_at) + (r.duration_s !== null ? ` (${fmtDur(r.duration_s)})` : "")),
           h("span", {}, "input"), h("pre", {}, pretty(r.input))),
         h("h3", {}, `Attempts (${data.attempts.length})`), attempts,
-        h("h3", {}, `Span tree and timeline (${data.spans_truncated ? "the first " : ""}${data.spans.length} span${data.spans.length === 1 ? "" : "s"})`),
-        data.spans.length ? traceTable(data.spans, (id) => { selected = id; flash(id); }) : h("div", { class: "empty" }, "No spans."),
+        h("h3", {}, `Span tree and timeline (${data.spans_truncated ? "the first " : ""}${data.spans.length} span${data.spans.length === 1 ? "" : "s"}) · click a span for all its attributes`),
+        h("div", { class: "trace-wrap" }, data.spans.length ? traceTable(data.spans, select) : h("div", { class: "empty" }, "No spans."), detail),
+        trainingSection(data.training, byId, select),
         h("h3", {}, "Transcript"),
-        h("div", { id: "transcript" }, data.spans.filter((sp) => sp.category !== "other" && sp.category !== "llm_trace")
-          .sort((a, b) => a.start_ns - b.start_ns || a.sequence_id - b.sequence_id).map(card)));
-      if (selected) flash(selected, false);
+        h("div", { id: "transcript" }, transcript(data.spans)));
+      if (selected && byId[selected]) { flash(selected, false); showSpan(detail, rolloutId, byId[selected]); }
     },
   };
 }
@@ -232,6 +287,7 @@ function spanLabel(sp) {
   if (sp.category === "llm_trace") return `${sp.name} ${d.model || ""} (client trace)`;
   if (sp.category === "operation") return d.name && d.name !== sp.name ? `${sp.name} ${d.name}` : sp.name;
   if (sp.category === "message") return `${sp.name}: ${preview(d.text, 40)}`;
+  if (sp.category === "command") return `${sp.name}: ${(d.argv || []).join(" ")} → exit ${d.exit_code}`;
   return sp.name;
 }
 
@@ -243,24 +299,130 @@ function flash(spanId, scroll = true) {
   if (target) { target.classList.add("flash"); if (scroll) target.scrollIntoView({ behavior: "smooth", block: "center" }); }
 }
 
+// The span detail panel: its card, every attribute, and the raw JSON (fetched in full) with a copy button.
+function showSpan(panel, rolloutId, sp) {
+  if (!sp) return;
+  panel.hidden = false;
+  const raw = h("pre", { class: "raw", id: "span-raw" }, "loading the raw span…");
+  const copy = h("button", { id: "copy-raw", onclick: async () => {
+    try { await navigator.clipboard.writeText(raw.textContent); copy.textContent = "Copied"; }
+    catch (e) { copy.textContent = "Copy failed: " + e.message; }
+  } }, "Copy JSON");
+  const attrs = Object.entries(sp.attributes).sort(([a], [b]) => a.localeCompare(b));
+  panel.replaceChildren(
+    h("div", { class: "title" }, h("b", {}, sp.name), h("span", { class: "mute" }, `  ${sp.category} · ${fmtMs(sp.duration_ms)} · span ${sp.span_id}`),
+      h("button", { class: "close", onclick: () => { panel.hidden = true; } }, "×")),
+    card(sp, null, true),
+    h("table", { class: "attrs", id: "span-attrs" }, h("tbody", {}, attrs.map(([k, v]) =>
+      h("tr", {}, h("td", { class: "mono key" }, k), h("td", { class: "mono" }, typeof v === "string" ? v : JSON.stringify(v)))))),
+    h("div", { class: "title" }, h("b", {}, "Raw JSON "), copy), raw);
+  api(`rollouts/${encodeURIComponent(rolloutId)}/spans/${encodeURIComponent(sp.span_id)}`)
+    .then((body) => { raw.textContent = JSON.stringify(body.span, null, 2); })
+    .catch((e) => { raw.textContent = "Could not load: " + e.message; });
+}
+
+// ----- what GRPO trains on: each call trained or skipped (and why), the merged samples' tokens ------
+function trainingSection(t, byId, select) {
+  const box = h("div", { id: "training" }, h("h3", {}, "What was trained (GRPO, as a step with default settings sees it)"));
+  if (!t) return box;
+  if (t.error) return box.appendChild(h("div", { class: "empty" }, "Could not analyse: " + t.error)) && box;
+  const g = t.group;
+  const mine = g.rollouts.find((row) => row.rollout_id === t.rollout_id) || {};
+  box.append(h("div", { class: "panel kv", id: "training-summary" },
+    h("span", {}, "group"), h("span", {}, t.group_id ? h("a", { href: "#/group/" + encodeURIComponent(t.group_id) }, `${t.group_id} (${g.rollouts.length} rollouts)`) : "none (a rollout of its own)",
+      g.zero_variance ? [" ", h("span", { class: "badge s-failed" }, "skipped: zero variance")] : null),
+    h("span", {}, "group reward"), h("span", {}, `mean ${fmtNum(g.mean)} · std ${fmtNum(g.std)}`),
+    h("span", {}, "this rollout"), h("span", { id: "training-verdict" }, mine.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled" }, "not trained"),
+      ` advantage ${fmtNum(mine.advantage)}`, mine.reason ? " · " + mine.reason : "")));
+  if (!t.calls.length) return box.appendChild(h("div", { class: "empty" }, "No model calls.")) && box;
+  box.append(h("table", { id: "training-calls" },
+    h("thead", {}, h("tr", {}, ["call", "agent", "model version", "prompt + completion tokens", "sample", "trained?"].map((c) => h("th", {}, c)))),
+    h("tbody", {}, t.calls.map((c) => h("tr", { class: "link", "data-call-span": c.span_id, onclick: () => byId[c.span_id] && select(c.span_id) },
+      h("td", {}, "#" + (c.index + 1)), h("td", {}, c.agent || "–"), h("td", { class: "mono" }, c.model_version || "–"),
+      h("td", {}, c.prompt_tokens === null ? "no token ids" : `${c.prompt_tokens} + ${c.completion_tokens}`),
+      h("td", {}, c.sample === null ? "–" : "#" + (c.sample + 1)),
+      h("td", { class: "verdict" }, c.trained ? h("span", { class: "badge s-succeeded" }, "trained") : [h("span", { class: "badge s-cancelled" }, "skipped"), " ", c.reason]))))));
+  for (const sm of t.samples) box.append(sampleStrip(sm, t.tokenizer));
+  return box;
+}
+
+// A heat strip of one merged sample: context tokens grey, completion tokens (loss mask 1) coloured by
+// their logprob (green: likely, red: unlikely); each call's completion starts at a marked token.
+function sampleStrip(sm, decoded) {
+  const starts = new Map(sm.call_spans.map(([a], i) => [a, i]));
+  const ends = new Set(sm.call_spans.map(([, b]) => b - 1));
+  const tokens = sm.input_ids.map((id, i) => {
+    const gen = sm.loss_mask[i] === 1;
+    const lp = sm.logprobs ? sm.logprobs[i] : null;
+    const text = sm.texts ? sm.texts[i] : String(id);
+    const p = gen && lp !== null ? Math.exp(lp) : null;
+    const style = p === null ? "" : `background:hsl(${Math.round(120 * p)},70%,${gen ? 80 : 92}%)`;
+    const tip = `token ${i} · id ${id}` + (sm.texts ? ` · ${JSON.stringify(text)}` : "") + (gen ? ` · completion (trained) · logprob ${lp === null ? "–" : lp.toFixed(4)}` : " · context (masked)");
+    return h("span", {
+      class: "tok " + (gen ? "gen" : "ctx") + (starts.has(i) ? " call-start" : "") + (ends.has(i) ? " call-end" : ""),
+      style, title: tip, "data-i": i, "data-call": starts.has(i) ? starts.get(i) + 1 : null,
+    }, text.replace(/\n/g, "↵\n") || "·");
+  });
+  return h("div", { class: "panel sample", "data-sample": sm.index },
+    h("div", { class: "title" }, h("b", {}, `Sample #${sm.index + 1}`), h("span", { class: "mute" },
+      `  ${sm.length} tokens · ${sm.model_tokens} completion tokens trained on · ${sm.num_calls} call${sm.num_calls === 1 ? "" : "s"} merged` +
+      (sm.agent ? ` · agent ${sm.agent}` : "") + ` · advantage ${fmtNum(sm.advantage)}`),
+      " ", sm.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled", title: sm.reason }, "skipped: " + sm.reason)),
+    sm.mismatch ? h("div", { class: "mismatch" }, `Starts a new sample: prefix mismatch (${sm.mismatch.class}) with the previous sample at token ${sm.mismatch.at}.`) : null,
+    h("div", { class: "legend" }, h("span", { class: "tok ctx" }, "context (mask 0)"), h("span", { class: "tok gen", style: "background:hsl(100,70%,80%)" }, "completion, likely"),
+      h("span", { class: "tok gen", style: "background:hsl(10,70%,80%)" }, "completion, unlikely"), h("span", { class: "tok gen call-start" }, "a call's first token"),
+      decoded ? "" : h("span", { class: "mute" }, " (no tokenizer next to the weights: token ids shown)")),
+    h("div", { class: "strip" }, tokens),
+    sm.cut ? h("div", { class: "mute" }, `… the first ${sm.input_ids.length} of ${sm.length} tokens shown`) : null);
+}
+
+// ----- transcript: each message once ------------------------------------------------------------
+function transcript(spans) {
+  const shown = spans.filter((sp) => sp.category !== "other" && sp.category !== "llm_trace")
+    .sort((a, b) => a.start_ns - b.start_ns || a.sequence_id - b.sequence_id);
+  let context = []; // the previous call's messages plus its reply, as JSON strings
+  return shown.map((sp) => {
+    if (sp.category !== "llm") return card(sp);
+    const msgs = sp.detail.messages.map((m) => JSON.stringify(m));
+    let known = 0;
+    while (known < msgs.length && known < context.length && msgs[known] === context[known]) known += 1;
+    if (known < context.length) known = 0; // the context was rewritten: show it all
+    context = [...msgs, sp.detail.response ? JSON.stringify({ role: sp.detail.response.role, content: sp.detail.response.content, ...(sp.detail.response.tool_calls ? { tool_calls: sp.detail.response.tool_calls } : {}) }) : ""];
+    return card(sp, known);
+  });
+}
+
 function message(m) {
+  const empty = !m.content && !(m.tool_calls || []).length;
   return h("div", { class: "msg " + m.role },
-    h("div", { class: "role" }, m.role + (m.tool_call_id ? ` (${m.tool_call_id})` : "")),
+    h("div", { class: "role" }, m.role, m.tool_call_id ? h("span", { class: "call-id mono" }, " " + m.tool_call_id) : null),
     m.content ? h("pre", {}, m.content) : null,
+    empty ? h("div", { class: "mute empty-msg" }, m.role === "assistant" ? "(empty completion)" : "(empty message)") : null,
     (m.tool_calls || []).map(toolCall));
 }
 const toolCall = (c) => h("div", { class: "tool-call" }, h("b", {}, "tool call "),
-  `${c.name}(${typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments)})`);
+  `${c.name}(${typeof c.arguments === "string" ? c.arguments : JSON.stringify(c.arguments)})`, c.id ? h("span", { class: "call-id mute" }, "  " + c.id) : null);
 
-function card(sp) {
+const usageText = (u) => (u && (u.prompt_tokens !== null && u.prompt_tokens !== undefined) ? `${u.prompt_tokens}+${u.completion_tokens} tokens` : "");
+const settingsText = (d) => [...Object.entries(d.settings || {}).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`),
+  d.tools && d.tools.length ? "tools: " + d.tools.join(", ") : null].filter(Boolean).join(" · ");
+
+// known: how many leading messages the previous call already showed (folded behind a toggle)
+function card(sp, known, inPanel) {
   const d = sp.detail;
   const head = (title, extra) => h("div", { class: "title" }, title, extra ? h("span", { class: "mute" }, "  " + extra) : null);
   let body;
-  if (sp.category === "llm") {
-    const usage = d.usage && d.usage.total_tokens ? `${d.usage.prompt_tokens}+${d.usage.completion_tokens} tokens` : "";
-    body = [head("LLM call · " + (d.model || "?"), [usage, fmtMs(sp.duration_ms), d.finish_reason].filter(Boolean).join(" · ")),
-      d.messages.map(message),
-      d.response ? message(d.response) : null,
+  if (sp.category === "llm" || sp.category === "llm_trace") {
+    const earlier = known ? d.messages.slice(0, known) : [];
+    const fresh = known ? d.messages.slice(known) : d.messages;
+    const folded = earlier.length ? h("div", { class: "context", hidden: true }, earlier.map(message)) : null;
+    body = [head("LLM call · " + (d.model || "?"), [usageText(d.usage), fmtMs(sp.duration_ms), d.finish_reason, d.model_version ? "weights " + d.model_version : null,
+      d.prompt_token_ids !== null && d.prompt_token_ids !== undefined ? `token ids ${d.prompt_token_ids}+${d.completion_token_ids}` : (d.has_token_ids === false ? "no token ids" : null)].filter(Boolean).join(" · ")),
+      settingsText(d) ? h("div", { class: "settings mute" }, settingsText(d)) : null,
+      folded ? [h("button", { class: "link-button show-context", onclick: (e) => { folded.hidden = !folded.hidden; e.target.textContent = (folded.hidden ? "show" : "hide") + ` the ${earlier.length} earlier message${earlier.length === 1 ? "" : "s"}`; } },
+        `show the ${earlier.length} earlier message${earlier.length === 1 ? "" : "s"}`), folded] : null,
+      fresh.map(message),
+      d.response ? message(d.response) : (!d.error && !d.tool_calls.length ? message({ role: "assistant", content: "" }) : null),
       !d.response && d.tool_calls.length ? d.tool_calls.map(toolCall) : null,
       d.error ? h("pre", { class: "mute" }, "error: " + preview(d.error, 400)) : null];
   } else if (sp.category === "reward") {
@@ -274,50 +436,121 @@ function card(sp) {
       d.output !== null && d.output !== undefined ? h("div", { class: "tool-call" }, h("b", {}, "out "), preview(d.output, 400)) : null];
   } else if (sp.category === "exception") {
     body = [head("Exception · " + d.type, d.message), h("pre", { class: "mute" }, d.stacktrace || "")];
+  } else if (sp.category === "command") {
+    body = [head("Command", `exit code ${d.exit_code}`), h("div", { class: "tool-call" }, h("b", {}, "argv "), (d.argv || []).join(" ")),
+      d.stderr ? [h("div", { class: "mute" }, "stderr (tail)"), h("pre", { class: "stderr" }, d.stderr)] : h("div", { class: "mute" }, "(no stderr)")];
+  } else if (sp.category === "annotation") {
+    body = [head("Annotation"), h("pre", {}, pretty(d.value))];
+  } else if (sp.category === "object") {
+    body = [head("Object"), h("pre", {}, pretty(d.value))];
   } else {
-    body = [head(sp.name), h("pre", {}, pretty(d.value))];
+    body = [head(sp.name, d.agent ? "agent " + d.agent : ""), h("div", { class: "mute" }, `${Object.keys(sp.attributes).length} attributes`)];
   }
-  return h("div", { class: "card " + sp.category, id: "span-" + sp.span_id }, body);
+  return h("div", { class: "card " + sp.category, id: inPanel ? null : "span-" + sp.span_id }, body);
 }
 
-// ----- resources versions and prompt diffs --------------------------------------------------------
-function resourcesView(selectedId) {
+// ----- a GRPO group side by side; the groups of one step --------------------------------------------
+function groupView(groupId) {
+  fill(view, h("div", { class: "empty" }, "loading…"));
   return {
-    load: async () => {
-      const list = await api("resources");
-      const id = selectedId || (list.items[0] && list.items[0].resources_id);
-      const diff = id ? await api("resources/" + encodeURIComponent(id) + "/diff") : null;
-      return { list, id, diff };
-    },
-    draw: ({ list, id, diff }) => {
-      const chosen = list.items.find((v) => v.resources_id === id);
-      view.replaceChildren(
-        h("h2", {}, "Resources versions"),
-        h("table", { id: "versions" },
-          h("thead", {}, h("tr", {}, ["version", "resources", "APO round", "val reward", "train reward", "parent", "created"].map((c) => h("th", {}, c)))),
-          h("tbody", {}, list.items.map((v) => h("tr", {
-            class: "link" + (v.resources_id === id ? " selected" : ""), "data-resources": v.resources_id,
-            onclick: () => { location.hash = "#/resources/" + encodeURIComponent(v.resources_id); },
-          }, h("td", {}, "v" + v.version), h("td", { class: "mono" }, v.resources_id),
-            h("td", {}, v.apo ? v.apo.round : "–"), h("td", { class: "reward" }, fmtReward(v.val_reward)),
-            h("td", { class: "reward" }, fmtReward(v.train_reward)), h("td", { class: "mono" }, short(v.diff_parent_id)),
-            h("td", {}, fmtTime(v.created_at)))))),
-        chosen ? versionDetail(chosen, diff) : h("div", { class: "empty" }, "No resources versions yet."));
+    load: () => api("groups/" + encodeURIComponent(groupId)),
+    draw: (g) => {
+      fill(view, 
+        h("h2", {}, h("a", { href: "#/rollouts?group_id=" + encodeURIComponent(groupId) }, "Group"), " ", h("span", { class: "mono" }, groupId), " ",
+          g.zero_variance ? h("span", { class: "badge s-failed", id: "zero-variance" }, "skipped: zero variance (every reward equal, no learning signal)")
+            : h("span", { class: "badge s-succeeded" }, `trained: ${g.trained_samples} sample${g.trained_samples === 1 ? "" : "s"}`)),
+        h("div", { class: "panel kv", id: "group-summary" },
+          h("span", {}, "task"), h("pre", {}, pretty(g.input)),
+          h("span", {}, "resources"), h("span", {}, g.resources_id ? [h("a", { href: "#/resources/" + encodeURIComponent(g.resources_id), class: "mono" }, g.resources_id),
+            ` (resources v${g.resources_version}` + (g.model_version ? ` · weights ${g.model_version})` : ")")] : "–"),
+          h("span", {}, "step · mode"), h("span", {}, g.step !== null && g.step !== undefined ? [h("a", { href: "#/step/" + g.step }, "step " + g.step), " · " + g.mode] : g.mode),
+          h("span", {}, "reward"), h("span", {}, `mean ${fmtNum(g.mean)} · std ${fmtNum(g.std)}` + (g.settings.scale_by_std ? " · advantage = (reward − mean) / std" : " · advantage = reward − mean"))),
+        h("div", { class: "group-grid", id: "group-grid" }, g.rollouts.map((r) => h("div", {
+          class: "panel member link" + (r.trained ? " trained" : " skipped"), "data-rollout": r.rollout_id,
+          onclick: () => { location.hash = "#/rollout/" + encodeURIComponent(r.rollout_id); },
+        },
+          h("div", { class: "mono" }, r.rollout_id, " ", badge(r.status)),
+          h("div", { class: "kv" }, h("span", {}, "reward"), h("span", { class: "reward" }, fmtReward(r.reward)),
+            h("span", {}, "advantage"), h("span", { class: "advantage " + (r.advantage > 0 ? "pos" : r.advantage < 0 ? "neg" : "zero") }, fmtNum(r.advantage)),
+            h("span", {}, "trained"), h("span", {}, r.trained ? `yes (${r.samples} sample${r.samples === 1 ? "" : "s"})` : "no: " + r.reason)),
+          h("pre", { class: "output" }, r.output || "(no reply)")))));
     },
   };
 }
 
-function versionDetail(v, diff) {
+function stepView(step) {
+  fill(view, h("div", { class: "empty" }, "loading…"));
+  return {
+    load: () => api("groups?step=" + encodeURIComponent(step)),
+    draw: (data) => {
+      fill(view, 
+        h("h2", {}, h("a", { href: "#/curves" }, "Curves"), ` / step ${step}: ${data.items.length} group${data.items.length === 1 ? "" : "s"}`),
+        h("table", { id: "step-groups" },
+          h("thead", {}, h("tr", {}, ["group", "task", "rollouts", "rewards", "mean", "GRPO"].map((c) => h("th", {}, c)))),
+          h("tbody", {}, data.items.map((g) => h("tr", { class: "link", "data-group": g.group_id, onclick: () => { location.hash = "#/group/" + encodeURIComponent(g.group_id); } },
+            h("td", { class: "mono" }, g.group_id), h("td", { class: "mono" }, preview(g.input, 60)), h("td", {}, g.rollouts),
+            h("td", { class: "mono" }, g.rewards.map(fmtReward).join("  ")), h("td", { class: "reward" }, fmtReward(g.mean)),
+            h("td", {}, g.zero_variance ? h("span", { class: "badge s-failed" }, "skipped: zero variance") : h("span", { class: "badge s-succeeded" }, "trained")))))),
+        data.items.length && data.items.every((g) => g.zero_variance)
+          ? h("div", { class: "panel mismatch", id: "no-update" }, `Step ${step} made no update: every group got one reward only, so GRPO had no sample to train on.`) : null,
+        data.items.length ? null : h("div", { class: "empty" }, "No training groups recorded this step."));
+    },
+  };
+}
+
+// ----- resources versions and diffs ------------------------------------------------------------------
+function resourcesView(selectedId, against) {
+  return {
+    load: async () => {
+      const list = await api("resources");
+      const id = selectedId || (list.items[0] && list.items[0].resources_id);
+      const diff = id ? await api("resources/" + encodeURIComponent(id) + "/diff" + (against ? "?against=" + encodeURIComponent(against) : "")) : null;
+      return { list, id, diff };
+    },
+    draw: ({ list, id, diff }) => {
+      const chosen = list.items.find((v) => v.resources_id === id);
+      fill(view, 
+        h("h2", {}, "Resources versions"),
+        h("p", { class: "mute" }, "A resources version (v1, v2, …) is what rollouts run with; GRPO's weights inside it carry their own version (weights v0, v1, …), the one LLM-call spans record as model_version."),
+        h("table", { id: "versions" },
+          h("thead", {}, h("tr", {}, ["version", "weights", "resources", "APO round", "val reward", "train reward", "diffed against", "created"].map((c) => h("th", {}, c)))),
+          h("tbody", {}, list.items.map((v) => h("tr", {
+            class: "link" + (v.resources_id === id ? " selected" : ""), "data-resources": v.resources_id,
+            onclick: () => { location.hash = "#/resources/" + encodeURIComponent(v.resources_id); },
+          }, h("td", {}, "v" + v.version), h("td", { class: "mono" }, v.model_version || "–"), h("td", { class: "mono" }, v.resources_id),
+            h("td", {}, v.apo ? v.apo.round : "–"), h("td", { class: "reward" }, fmtReward(v.val_reward)),
+            h("td", { class: "reward" }, fmtReward(v.train_reward)), h("td", { class: "mono" }, short(v.diff_parent_id)),
+            h("td", { class: "nowrap" }, fmtTime(v.created_at)))))),
+        chosen ? versionDetail(chosen, diff, list.items) : h("div", { class: "empty" }, "No resources versions yet."));
+    },
+  };
+}
+
+function versionDetail(v, diff, versions) {
+  const pick = h("select", { id: "diff-against", onchange: (e) => {
+    location.hash = "#/resources/" + encodeURIComponent(v.resources_id) + (e.target.value ? "?against=" + encodeURIComponent(e.target.value) : "");
+  } }, h("option", { value: "" }, "its parent / the previous version"),
+  versions.filter((o) => o.resources_id !== v.resources_id).map((o) => h("option", { value: o.resources_id, selected: diff.against === o.resources_id && diff.against !== v.diff_parent_id }, versionLabel(o))));
+  const against = versions.find((o) => o.resources_id === diff.against);
   return h("div", { id: "version-detail" },
-    h("h3", {}, `v${v.version} · ${v.resources_id}`),
+    h("h3", {}, `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${v.resources_id}`),
     v.apo && v.apo.critique ? h("div", { class: "panel" }, h("b", {}, "APO critique: "), h("pre", {}, v.apo.critique)) : null,
-    h("h3", {}, diff.against ? ["Changes against ", h("a", { href: "#/resources/" + encodeURIComponent(diff.against), class: "mono" }, diff.against)] : "First version: everything is new"),
+    h("div", { class: "filters" }, h("span", { class: "mute" }, "diff against:"), pick),
+    h("h3", { id: "diff-title" }, diff.against ? ["Changes against ", h("a", { href: "#/resources/" + encodeURIComponent(diff.against), class: "mono" }, against ? versionLabel(against) : diff.against)] : "First version: everything is new"),
     diff.diff.map((d) => h("div", { class: "panel" },
       h("div", { class: "title" }, h("b", {}, d.name), h("span", { class: "mute" }, `  ${d.resource_type || ""}${d.changed ? "" : " · unchanged"}`)),
       d.changed ? h("div", { class: "diff" }, d.lines.map((l) => h("div", { class: l.op === "+" ? "add" : l.op === "-" ? "del" : "same" }, l.text || " "))) : null)));
 }
 
-// ----- curves: reward by version, reward over time, metrics.csv ------------------------------------
+// ----- curves: key metrics first, runs overlaid, steps without an update marked -------------------------
+const MODE_COLORS = { train: "#2f6fde", val: "#2db36b", test: "#e69a3b" }; // one colour per mode on every chart
+const RUN_COLORS = ["#2f6fde", "#e0553a", "#2db36b", "#b07ae0", "#e69a3b", "#3bb5c9"];
+const KEY_METRICS = ["reward_mean", "val_reward", "samples", "zero_variance_groups", "kl", "clip_fraction", "loss"];
+const hiddenRuns = new Set();
+
+// A step made no policy update when it had no sample to train on (every group zero variance, all failed).
+const noUpdate = (row) => row.step > 0 && (row.samples === 0 || (row.samples === null && row.loss === null && row.reward_mean !== null));
+
 function curvesView() {
   return {
     load: async () => {
@@ -326,25 +559,37 @@ function curvesView() {
     },
     draw: ({ curves, metrics }) => {
       const byVersion = curves.by_version.filter((row) => row.version !== null);
-      const versionSeries = ["train", "val"].map((mode, i) => ({
-        name: mode + " mean reward", color: i ? "#2db36b" : "#2f6fde",
+      const versionSeries = ["train", "val"].map((mode) => ({
+        name: mode + " mean reward", color: MODE_COLORS[mode],
         points: byVersion.filter((row) => row[mode + "_mean"] !== null).map((row) => [row.version, row[mode + "_mean"]]),
       })).filter((sr) => sr.points.length);
-      const modes = [...new Set(curves.points.map((p) => p.mode))];
-      const colors = ["#2f6fde", "#2db36b", "#e69a3b", "#b07ae0"];
+      const modes = [...new Set(curves.points.map((p) => p.mode))].sort();
       const timeSeries = modes.map((mode, i) => ({
-        name: mode, color: colors[i % colors.length], dots: true,
+        name: mode, color: MODE_COLORS[mode] || RUN_COLORS[(i + 3) % RUN_COLORS.length], dots: true,
         points: curves.points.filter((p) => p.mode === mode).map((p) => [p.t, p.reward]),
       }));
-      const metricCharts = metrics.runs.flatMap((run) => run.columns.filter((c) => c !== "step").map((column) =>
-        chart(`${run.name}: ${column}`, [{ name: column, color: "#2f6fde",
-          points: run.rows.filter((row) => row[column] !== null && row.step !== null).map((row) => [row.step, row[column]]) }], "step")));
-      view.replaceChildren(
+      const runs = metrics.runs.map((run, i) => ({ ...run, color: RUN_COLORS[i % RUN_COLORS.length] }));
+      const shownRuns = runs.filter((run) => !hiddenRuns.has(run.name));
+      const steps = shownRuns.flatMap((run) => run.rows.map((row) => row.step).filter((x) => x !== null));
+      const xRange = steps.length ? [Math.min(...steps), Math.max(...steps)] : null; // one x range: steps line up
+      const markers = shownRuns.flatMap((run) => run.rows.filter(noUpdate).map((row) => ({ x: row.step, label: `${run.name}: step ${row.step} made no update (no sample to train on)` })));
+      const columns = [...new Set(runs.flatMap((run) => run.columns.filter((c) => c !== "step")))];
+      const ordered = [...KEY_METRICS.filter((c) => columns.includes(c)), ...columns.filter((c) => !KEY_METRICS.includes(c))];
+      const metricCharts = ordered.map((column) => chart(column, shownRuns.filter((run) => run.columns.includes(column)).map((run) => ({
+        name: run.name, color: run.color,
+        // a missing value (a step without an update has no loss) breaks the line: a gap, not a bridge
+        points: run.rows.filter((row) => row.step !== null).map((row) => [row.step, row[column]]),
+      })), { xLabel: "step", integerX: true, xRange, markers, onClickX: (x) => { location.hash = "#/step/" + x; }, key: KEY_METRICS.includes(column) }));
+      const runPicker = runs.length > 1 ? h("div", { class: "filters", id: "runs" }, h("span", { class: "mute" }, "runs:"), runs.map((run) => h("label", { class: "chip" },
+        h("input", { type: "checkbox", checked: !hiddenRuns.has(run.name), onchange: (e) => { e.target.checked ? hiddenRuns.delete(run.name) : hiddenRuns.add(run.name); refresh(true); } }),
+        h("span", { style: `color:${run.color}` }, " ● "), run.name))) : null;
+      fill(view, 
         h("h2", {}, "Training curves"),
         h("div", { class: "charts" },
-          chart("Mean reward per resources version", versionSeries, "resources version", (v) => "v" + v, true),
-          chart("Reward of finished rollouts over time", timeSeries, "time", fmtTime)),
-        h("h3", {}, "Per-step metrics (metrics.csv)"),
+          chart("Mean reward per resources version", versionSeries, { xLabel: "resources version", xFormat: (v) => "v" + v, integerX: true }),
+          chart("Reward of finished rollouts over time", timeSeries, { xLabel: "time", xFormat: (t) => fmtTime(t).slice(11), time: true })),
+        h("h3", {}, "Per-step metrics (metrics.csv) · key metrics first · click a point to see that step's groups"),
+        runPicker,
         metricCharts.length ? h("div", { class: "charts", id: "metric-charts" }, metricCharts)
           : h("div", { class: "empty" }, metrics.configured ? "No metrics.csv yet in the metrics directory."
             : "Start the server with --metrics-dir DIR (a training output directory) to chart its metrics.csv."));
@@ -359,47 +604,74 @@ function niceTicks(lo, hi, n = 5) {
   const step = [1, 2, 5, 10].map((m) => m * mag).find((st) => st >= raw);
   const ticks = [];
   for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) ticks.push(+t.toPrecision(12));
-  return ticks;
+  return { ticks, step };
 }
 
-// A line (or dot) chart drawn as inline SVG; series are [{name, color, points: [[x, y]], dots}].
-function chart(title, series, xLabel, xFormat, integerX) {
-  const W = 440, H = 230, L = 48, R = 12, T = 10, B = 34;
-  const all = series.flatMap((sr) => sr.points);
-  const box = h("div", { class: "panel chart", "data-title": title }, h("div", { class: "title" }, h("b", {}, title)));
+// Enough decimals that neighbouring ticks differ (ratio_mean moves in the 7th decimal).
+function tickFormat(step) {
+  const decimals = Math.min(12, Math.max(0, Math.ceil(-Math.log10(step) - 1e-9)));
+  return (t) => (Math.abs(t) >= 1e5 ? t.toExponential(2) : t.toFixed(decimals));
+}
+const fmtValue = (v) => (v === null || v === undefined ? "–" : Math.abs(v) >= 1e5 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(4) : +v.toPrecision(8) + "");
+
+// A line (or dot) chart drawn as inline SVG; series are [{name, color, points: [[x, y|null]], dots}].
+// A null y breaks the line. opts: xLabel, xFormat, integerX, xRange (shared), markers [{x, label}], onClickX.
+function chart(title, series, opts = {}) {
+  const W = 440, H = 230, L = 62, R = 12, T = 10, B = 34;
+  const all = series.flatMap((sr) => sr.points).filter((p) => p[1] !== null && p[1] !== undefined);
+  const box = h("div", { class: "panel chart" + (opts.key ? " key" : ""), "data-title": title }, h("div", { class: "title" }, h("b", {}, title)));
   if (!all.length) return box.appendChild(h("div", { class: "empty" }, "No data yet.")) && box;
-  let [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
+  let [x0, x1] = opts.xRange || [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
   let [y0, y1] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+  if (y0 === y1) { const d = Math.abs(y0) * 0.1 || 0.5; y0 -= d; y1 += d; }
   const pad = (y1 - y0) * 0.08; y0 -= pad; y1 += pad;
   const X = (x) => L + 8 + ((x - x0) / (x1 - x0)) * (W - L - R - 16);
   const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
   const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
-  for (const t of niceTicks(y0, y1)) {
+  const yt = niceTicks(y0, y1);
+  const yLabel = tickFormat(yt.step);
+  for (const t of yt.ticks) {
     svg.append(s("line", { class: "grid", x1: L, x2: W - R, y1: Y(t), y2: Y(t) }),
-      s("text", { x: L - 6, y: Y(t) + 4, "text-anchor": "end" }, +t.toFixed(4)));
+      s("text", { x: L - 6, y: Y(t) + 4, "text-anchor": "end", class: "ytick" }, yLabel(t)));
   }
+  const xt = niceTicks(x0, x1, 4);
+  const xLabel = opts.xFormat || tickFormat(xt.step);
   const shown = new Set(); // ticks finer than the format (seconds of a short run) would repeat a label
-  for (const t of niceTicks(x0, x1, 4).filter((t) => !integerX || Number.isInteger(t))) {
-    const label = xFormat ? xFormat(t) : String(+t.toFixed(4));
+  for (const t of xt.ticks.filter((t) => !opts.integerX || Number.isInteger(t))) {
+    const label = xLabel(t);
     if (shown.has(label)) continue;
     shown.add(label);
-    svg.append(s("text", { x: X(t), y: H - B + 16, "text-anchor": "middle" }, label));
+    svg.append(s("text", { x: X(t), y: H - B + 16, "text-anchor": "middle", class: "xtick" }, label));
+  }
+  for (const m of opts.markers || []) {
+    if (m.x < x0 || m.x > x1) continue;
+    svg.append(s("line", { class: "no-update", x1: X(m.x), x2: X(m.x), y1: T, y2: H - B }, s("title", {}, m.label)),
+      s("text", { class: "no-update-mark", x: X(m.x), y: H - B - 3, "text-anchor": "middle" }, "×", s("title", {}, m.label)));
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }),
     s("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }),
-    s("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" }, xLabel));
+    s("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" }, opts.xLabel || ""));
+  const readout = h("div", { class: "readout mute" }, opts.onClickX ? "hover a point for its value; click it for that step's groups" : "hover a point for its value");
   for (const sr of series) {
     const pts = [...sr.points].sort((a, b) => a[0] - b[0]);
-    if (sr.dots) {
-      for (const [x, y] of pts) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3, fill: sr.color, "fill-opacity": 0.6 }));
-    } else {
-      svg.append(s("polyline", { points: pts.map(([x, y]) => `${X(x)},${Y(y)}`).join(" "), fill: "none", stroke: sr.color, "stroke-width": 2 }));
-      for (const [x, y] of pts) svg.append(s("circle", { cx: X(x), cy: Y(y), r: 3, fill: sr.color }));
+    if (!sr.dots) {
+      let run = [];
+      const flush = () => { if (run.length > 1) svg.append(s("polyline", { points: run.join(" "), fill: "none", stroke: sr.color, "stroke-width": 2, "data-series": sr.name })); run = []; };
+      for (const [x, y] of pts) { if (y === null || y === undefined) flush(); else run.push(`${X(x)},${Y(y)}`); }
+      flush();
+    }
+    for (const [x, y] of pts) {
+      if (y === null || y === undefined) continue;
+      const label = `${sr.name} · ${opts.xFormat ? opts.xFormat(x) : (opts.xLabel || "x") + " " + x}: ${fmtValue(y)}`;
+      const dot = s("circle", { cx: X(x), cy: Y(y), r: sr.dots ? 3 : 3.5, fill: sr.color, "fill-opacity": sr.dots ? 0.6 : 1, "data-x": x, class: opts.onClickX ? "clickable" : "" }, s("title", {}, label));
+      dot.addEventListener("mouseenter", () => { readout.textContent = label; });
+      if (opts.onClickX) dot.addEventListener("click", () => opts.onClickX(x));
+      svg.append(dot);
     }
   }
-  box.append(svg, h("div", { class: "legend" }, series.map((sr) => h("span", {}, h("span", { style: `color:${sr.color}` }, "●"), " " + sr.name))));
+  box.append(svg, h("div", { class: "legend" }, series.map((sr) => h("span", {}, h("span", { style: `color:${sr.color}` }, "●"), " " + sr.name)),
+    (opts.markers || []).length ? h("span", { class: "no-update-legend" }, "× step without an update") : null), readout);
   return box;
 }
 

@@ -1,0 +1,333 @@
+"""What GRPO trains on, read back from the store: group advantages, skip reasons, merged samples.
+
+Computed from the stored spans with GRPO's own adapter and batch code (``llm_calls``, ``to_samples``,
+``build_batch``), so the dashboard shows what a step with these settings trains on, not a re-derivation.
+The GRPO modules import torch, so they load on first use (in a worker thread) and only for these views.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from agl.adapter import call_rewards, final_reward, llm_calls, to_samples
+from agl.adapter.calls import call_agents, filter_calls
+from agl.adapter.trajectory import classify_mismatch
+from agl.schemas import LLMCall, ModelWeights, ResourcesVersion, Rollout, RolloutStatus, Span
+
+log = logging.getLogger(__name__)
+#: tokens of one sample sent to the page (the strip of a longer one is cut, and says so)
+MAX_STRIP_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The GRPO settings the view assumes (GRPOConfig's defaults unless the page asks otherwise)."""
+
+    level: Literal["trajectory", "transition"] = "trajectory"
+    scale_by_std: bool = True
+    max_sample_tokens: int = 2048
+    agent: str | None = None
+
+    def config(self) -> Any:
+        from agl.algorithm.grpo import GRPOConfig
+
+        return GRPOConfig(
+            model_path="-",
+            level=self.level,
+            scale_by_std=self.scale_by_std,
+            max_sample_tokens=self.max_sample_tokens,
+            agent=self.agent,
+        )
+
+
+def _calls_by_agent(spans: list[Span], settings: Settings) -> dict[str | None, list[LLMCall]]:
+    """The rollout's calls as GRPO splits them into units (one per agent), in call order."""
+    calls = llm_calls(spans)
+    if settings.agent is not None:
+        chosen = filter_calls(calls, settings.agent, spans)
+        return {settings.agent: chosen} if chosen else {}
+    by_agent: dict[str | None, list[LLMCall]] = defaultdict(list)
+    for call, agent in zip(calls, call_agents(calls, spans), strict=True):
+        by_agent[agent].append(call)
+    return dict(by_agent)
+
+
+def _flat_keys(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], settings: Settings) -> set[Any]:
+    """The (group, agent) units with one reward only: GRPO skips them (zero variance)."""
+    from agl.algorithm.grpo import zero_variance_groups
+
+    rewards: list[float] = []
+    keys: list[str] = []
+    for r in rollouts:
+        if r.status != RolloutStatus.SUCCEEDED:
+            continue
+        agents = list(_calls_by_agent(spans[r.rollout_id], settings)) or (
+            [None] if settings.agent is None else []
+        )
+        for agent in agents:
+            rewards.append(final_reward(spans[r.rollout_id]) or 0.0)
+            keys.append(repr((r.group_id or r.rollout_id, agent)))
+    return zero_variance_groups(rewards, keys)
+
+
+def _key(rollout: Rollout, agent: str | None) -> str:
+    return repr((rollout.group_id or rollout.rollout_id, agent))
+
+
+def analyse_group(
+    rollouts: Sequence[Rollout], spans: dict[str, list[Span]], settings: Settings = Settings()
+) -> dict[str, Any]:
+    """Per rollout of one GRPO group: reward, advantage, and whether (and why not) it is trained."""
+    from agl.algorithm.grpo import build_batch, group_advantages
+
+    batch = build_batch(list(rollouts), spans, settings.config())
+    ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED]
+    trained: dict[str, list[float]] = defaultdict(list)
+    for adv, index in zip(batch.advantages, batch.rollout_index, strict=True):
+        trained[ok[index].rollout_id].append(adv)
+    rewards = {r.rollout_id: final_reward(spans[r.rollout_id]) or 0.0 for r in ok}
+    values = list(rewards.values())
+    would = dict(
+        zip(
+            rewards,
+            group_advantages(values, ["g"] * len(values), scale_by_std=settings.scale_by_std)
+            if values
+            else [],
+            strict=True,
+        )
+    )
+    flat = _flat_keys(rollouts, spans, settings)
+    mean = sum(values) / len(values) if values else None
+    std = (sum((v - (mean or 0.0)) ** 2 for v in values) / len(values)) ** 0.5 if values else None
+    out = []
+    for r in rollouts:
+        row: dict[str, Any] = {
+            "rollout_id": r.rollout_id,
+            "status": r.status.value,
+            "mode": r.mode,
+            "reward": final_reward(spans.get(r.rollout_id, [])),
+            "advantage": None,
+            "trained": False,
+            "reason": None,
+            "samples": len(trained.get(r.rollout_id, [])),
+            "output": output_text(spans.get(r.rollout_id, [])),
+        }
+        if r.rollout_id in trained:
+            row["advantage"] = sum(trained[r.rollout_id]) / len(trained[r.rollout_id])
+            row["trained"] = True
+        else:
+            row["advantage"] = would.get(r.rollout_id)
+            row["reason"] = _rollout_reason(r, spans.get(r.rollout_id, []), flat, settings)
+        out.append(row)
+    return {
+        "rollouts": out,
+        "mean": mean,
+        "std": std,
+        "zero_variance": bool(values) and len({round(v, 9) for v in values}) == 1,
+        "skipped_units": len(flat),
+        "trained_samples": len(batch.samples),
+        "metrics": batch.metrics,
+        "settings": settings.__dict__,
+    }
+
+
+def _rollout_reason(rollout: Rollout, spans: list[Span], flat: set[Any], settings: Settings) -> str:
+    if rollout.mode != "train":
+        return f"a {rollout.mode} rollout: GRPO trains on train rollouts only"
+    if rollout.status != RolloutStatus.SUCCEEDED:
+        return f"rollout {rollout.status.value}: only succeeded rollouts are trained"
+    units = _calls_by_agent(spans, settings)
+    if not units:
+        return "no model calls" if settings.agent is None else f"no call of agent {settings.agent!r}"
+    if all(_key(rollout, agent) in flat for agent in units):
+        return "zero-variance group: every rollout got the same reward"
+    if not any(c.has_token_ids for calls in units.values() for c in calls):
+        return "no token ids: the backend returned none"
+    return "every sample over max_sample_tokens"
+
+
+def analyse_rollout(
+    rollout: Rollout,
+    group: Sequence[Rollout],
+    spans: dict[str, list[Span]],
+    settings: Settings = Settings(),
+    tokenizer: Any = None,
+) -> dict[str, Any]:
+    """Each model call of ``rollout`` trained or skipped (and why), and the merged samples it makes."""
+    group_view = analyse_group(group, spans, settings)
+    mine = next(row for row in group_view["rollouts"] if row["rollout_id"] == rollout.rollout_id)
+    own = spans[rollout.rollout_id]
+    reward = final_reward(own) or 0.0
+    flat = _flat_keys(group, spans, settings)
+    all_calls = llm_calls(own)
+    agents = dict(zip((c.span_id for c in all_calls), call_agents(all_calls, own), strict=True))
+    units = _calls_by_agent(own, settings)
+    in_unit = {c.span_id for calls in units.values() for c in calls}
+    per_call = call_rewards(own)
+    calls_out: list[dict[str, Any]] = []
+    samples_out: list[dict[str, Any]] = []
+    where: dict[str, tuple[int, int]] = {}  # span id -> (sample index, position in it)
+    reasons: dict[str, str] = {}
+    for agent, calls in units.items():
+        made, _ = to_samples(
+            calls, reward, level=settings.level, call_rewards=per_call, group_id=rollout.group_id
+        )
+        by_response = {c.response_id: c for c in calls}
+        previous: LLMCall | None = None
+        for sample in made:
+            index = len(samples_out)
+            members = [by_response.get(rid) for rid in sample.call_response_ids]
+            first = members[0] if members else None
+            mismatch = None
+            if previous is not None and first is not None and settings.level == "trajectory":
+                prompt = list(first.prompt_token_ids or [])
+                before = samples_out[-1]["input_ids_full"]
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(prompt, before, strict=False)) if a != b),
+                    min(len(prompt), len(before)),
+                )
+                mismatch = {"class": classify_mismatch(previous, prompt), "at": at}
+            reason = None
+            if rollout.mode != "train" or rollout.status != RolloutStatus.SUCCEEDED:
+                reason = mine["reason"]
+            elif _key(rollout, agent) in flat:
+                reason = "zero-variance group: every rollout got the same reward"
+            elif len(sample.input_ids) > settings.max_sample_tokens:
+                reason = f"overlong: {len(sample.input_ids)} tokens > max_sample_tokens {settings.max_sample_tokens}"
+            samples_out.append(_sample_view(index, agent, sample, members, mismatch, reason, mine, tokenizer))
+            for pos, member in enumerate(members):
+                if member is not None:
+                    where[member.span_id] = (index, pos)
+                    if reason:
+                        reasons[member.span_id] = reason
+            previous = members[-1] if members else previous
+    for n, call in enumerate(all_calls):
+        row: dict[str, Any] = {
+            "index": n,
+            "span_id": call.span_id,
+            "response_id": call.response_id,
+            "agent": agents.get(call.span_id),
+            "model_version": call.model_version,
+            "prompt_tokens": len(call.prompt_token_ids) if call.prompt_token_ids is not None else None,
+            "completion_tokens": (
+                len(call.completion_token_ids) if call.completion_token_ids is not None else None
+            ),
+            "sample": where.get(call.span_id, (None, None))[0],
+        }
+        if call.span_id not in in_unit:
+            row["reason"] = f"agent filtered out: GRPO trains agent {settings.agent!r} only"
+        elif not _usable(call):
+            row["reason"] = (
+                "no token ids: the backend returned none"
+                if not call.has_token_ids
+                else "logprobs do not match the completion tokens"
+            )
+        else:
+            row["reason"] = reasons.get(call.span_id)
+        row["trained"] = row["reason"] is None
+        calls_out.append(row)
+    for shown in samples_out:
+        del shown["input_ids_full"]
+    return {
+        "rollout_id": rollout.rollout_id,
+        "group_id": rollout.group_id,
+        "group": group_view,
+        "calls": calls_out,
+        "samples": samples_out,
+        "tokenizer": tokenizer is not None,
+        "settings": settings.__dict__,
+    }
+
+
+def _usable(call: LLMCall) -> bool:
+    """As :func:`agl.adapter.to_samples` decides: token ids present and one logprob per completion token."""
+    return call.has_token_ids and (
+        call.logprobs is None or len(call.logprobs) == len(call.completion_token_ids or [])
+    )
+
+
+def _sample_view(
+    index: int,
+    agent: str | None,
+    sample: Any,
+    members: list[LLMCall | None],
+    mismatch: dict[str, Any] | None,
+    reason: str | None,
+    mine: dict[str, Any],
+    tokenizer: Any,
+) -> dict[str, Any]:
+    ids = list(sample.input_ids)
+    shown = ids[:MAX_STRIP_TOKENS]
+    return {
+        "index": index,
+        "agent": agent,
+        "trained": reason is None,
+        "reason": reason,
+        "advantage": mine["advantage"],
+        "length": len(ids),
+        "model_tokens": sample.num_model_tokens,
+        "num_calls": sample.num_calls,
+        "call_spans": [list(span) for span in sample.call_spans],
+        "call_span_ids": [m.span_id if m is not None else None for m in members],
+        "mismatch": mismatch,
+        "input_ids": shown,
+        "loss_mask": list(sample.loss_mask)[: len(shown)],
+        "logprobs": None if sample.old_logprobs is None else list(sample.old_logprobs)[: len(shown)],
+        "texts": decode_each(tokenizer, shown),
+        "cut": len(ids) > len(shown),
+        "input_ids_full": ids,
+    }
+
+
+def decode_each(tokenizer: Any, ids: list[int]) -> list[str] | None:
+    """Each token id as its text piece, or None without a tokenizer."""
+    if tokenizer is None:
+        return None
+    try:
+        return [tokenizer.decode([i]) for i in ids]
+    except Exception:  # a tokenizer that does not know these ids: show the ids
+        return None
+
+
+def weights_uri(version: ResourcesVersion | None) -> str | None:
+    """The local model directory of a version's weights (where its tokenizer lives), if it has one."""
+    if version is None:
+        return None
+    for resource in version.resources.values():
+        if isinstance(resource, ModelWeights) and resource.uri and Path(resource.uri).is_dir():
+            return resource.uri
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(uri: str) -> Any:
+    """The Hugging Face tokenizer saved with the weights, or None (no transformers, no tokenizer files)."""
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(uri, local_files_only=True)
+    except Exception as exc:  # the strip then shows token ids
+        log.info("no tokenizer at %s: %s", uri, exc)
+        return None
+
+
+def output_text(spans: list[Span]) -> str:
+    """The rollout's last model reply (text and tool calls), the thing a person compares across a group."""
+    calls = llm_calls(spans)
+    if not calls:
+        return ""
+    message = calls[-1].response_message or {}
+    content = message.get("content")
+    text = content if isinstance(content, str) else ""
+    names = [
+        str((c.get("function") or {}).get("name", c.get("name", "?")))
+        for c in calls[-1].tool_calls or message.get("tool_calls") or []
+        if isinstance(c, dict)
+    ]
+    return text + ("".join(f" [tool call {n}]" for n in names) if names else "")

@@ -1,0 +1,158 @@
+"""Dashboard API latency on a large store: a 50-row rollouts page must answer in under 50 ms.
+
+Builds a SQLite store of ``--rollouts`` finished rollouts (each: one gateway-style LLM call span with
+token ids, one reward span; a few failed ones with an exception span) through the store API, serves
+the dashboard over it in process (ASGI, no sockets: the figure is the dashboard and the store, not the
+network), and reports the median and p90 of repeated calls per route after one first call (which
+fills the reward cache and the search index; its time is reported apart as ``first_ms``).
+
+    python benchmarks/dashboard_api.py --rollouts 10000 --repeats 30 --json out.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+
+from agl import semconv as sc  # noqa: E402
+from agl.dashboard import create_dashboard  # noqa: E402
+from agl.schemas import AttemptStatus, RolloutCreate, Span  # noqa: E402
+from agl.store import SqliteLightningStore  # noqa: E402
+
+
+async def build(store: SqliteLightningStore, n: int, batch: int = 500) -> None:
+    """``n`` rollouts in groups of 4 over 10 resources versions, finished through the store API."""
+    versions = [
+        (await store.add_resources({}, metadata={"model_version": f"v{i}"})).resources_id for i in range(10)
+    ]
+    for start in range(0, n, batch):
+        creates = [
+            RolloutCreate(
+                input={"question": f"task {i // 4}: what is {i % 97} + {i % 13}?"},
+                mode="train" if i % 10 else "val",
+                resources_id=versions[(i * 10) // n],
+                group_id=f"gr-{i // 4}",
+                metadata={"step": (i * 10) // n + 1},
+            )
+            for i in range(start, min(start + batch, n))
+        ]
+        await store.enqueue_rollouts(creates)
+        spans: list[Span] = []
+        finished: list[tuple[str, str, bool]] = []
+        for i in range(start, min(start + batch, n)):
+            claimed = await store.dequeue("bench-worker")
+            assert claimed is not None
+            rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+            failed = i % 50 == 0
+            call = {
+                sc.LLM_API: "chat.completions",
+                sc.LLM_SOURCE: "gateway",
+                sc.LLM_MODEL: "policy",
+                sc.LLM_REQUEST_MESSAGES: [{"role": "user", "content": f"what is {i % 97} + {i % 13}?"}],
+                sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": f"the answer is {i % 97 + i % 13}"},
+                sc.LLM_PROMPT_TOKEN_IDS: list(range(40)),
+                sc.LLM_COMPLETION_TOKEN_IDS: list(range(12)),
+                sc.LLM_LOGPROBS: [-0.5] * 12,
+                sc.LLM_USAGE: {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52},
+                sc.LLM_RESPONSE_ID: f"chatcmpl-{i}",
+                sc.LLM_MODEL_VERSION: "v0",
+            }
+            spans.append(Span.new(rid, aid, sc.SPAN_LLM_CALL, call))
+            if failed:
+                spans.append(
+                    Span.new(
+                        rid,
+                        aid,
+                        sc.SPAN_EXCEPTION,
+                        {sc.EXCEPTION_TYPE: "ValueError", sc.EXCEPTION_MESSAGE: "x"},
+                    )
+                )
+            else:
+                reward = {sc.REWARD_VALUE: (i % 7) / 6, sc.AGENT_NAME: "bench-agent"}
+                spans.append(Span.new(rid, aid, sc.SPAN_REWARD, reward))
+            finished.append((rid, aid, failed))
+        await store.add_spans(spans)
+        for rid, aid, failed in finished:
+            status = AttemptStatus.FAILED if failed else AttemptStatus.SUCCEEDED
+            await store.update_attempt(rid, aid, status=status)
+
+
+async def measure(client: httpx.AsyncClient, path: str, repeats: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    first = await client.get(path)
+    assert first.status_code == 200, first.text
+    warm_ms = (time.perf_counter() - started) * 1000
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        response = await client.get(path)
+        times.append((time.perf_counter() - started) * 1000)
+        assert response.status_code == 200
+    times.sort()
+    return {
+        "path": path,
+        "first_ms": round(warm_ms, 2),
+        "median_ms": round(statistics.median(times), 2),
+        "p90_ms": round(times[int(len(times) * 0.9) - 1], 2),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SqliteLightningStore(str(Path(tmp) / "bench.db"))
+        started = time.perf_counter()
+        await build(store, args.rollouts)
+        print(f"built {args.rollouts} rollouts in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        app = create_dashboard(store)
+        transport = httpx.ASGITransport(app)
+        results = []
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+            page = (await client.get("/ui/api/rollouts", params={"limit": 50})).json()
+            some = page["items"][0]
+            paths = [
+                "/ui/api/rollouts?limit=50",  # the default page (the store pages)
+                "/ui/api/rollouts?limit=50&status=succeeded&mode=train",
+                f"/ui/api/rollouts?limit=50&cursor={page['next_cursor']}",
+                f"/ui/api/rollouts/{some['rollout_id']}",
+                "/ui/api/summary",
+                # search and other sorts look through every rollout: an index kept current from the
+                # store's recently updated rollouts (the first call builds it and reads every reward)
+                "/ui/api/rollouts?limit=50&sort=reward",
+                "/ui/api/rollouts?limit=50&q=task%2012:",
+                f"/ui/api/groups/{some['group_id']}",
+            ]
+            for path in paths:
+                result = await measure(client, path, args.repeats)
+                result["rollouts"] = args.rollouts
+                results.append(result)
+                print(json.dumps(result))
+        await store.aclose()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rollouts", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    results = asyncio.run(main_async(args))
+    if args.json:
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The training views on a real GRPO run's store: groups, advantages, skip reasons and merged samples,
+checked against GRPO's own batch code on the same spans."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from agl.adapter import llm_calls, to_samples
+from agl.adapter.trajectory import classify_mismatch
+from agl.algorithm.grpo import GRPOConfig, build_batch
+from agl.store import SqliteLightningStore
+from tests.dashboard.conftest import Trained
+
+pytestmark = pytest.mark.slow  # two tiny-model GRPO runs (~30 s on a busy machine)
+
+
+@pytest.fixture(scope="module")
+def http(trained: Trained) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=trained.url, timeout=60) as client:
+        yield client
+
+
+def get(http: httpx.Client, path: str, **params: Any) -> Any:
+    response = http.get(f"/ui/api/{path}", params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _batch(trained: Trained, group_id: str) -> Any:
+    async def read() -> Any:
+        store = SqliteLightningStore(str(trained.out / "store.db"))
+        members = (await store.query_rollouts(group_id=group_id, limit=100)).items
+        spans = {
+            r.rollout_id: (await store.query_spans(rollout_id=r.rollout_id, attempt_id="latest")).items
+            for r in members
+        }
+        await store.aclose()
+        return members, build_batch(members, spans, GRPOConfig(model_path="-"))
+
+    return asyncio.run(read())
+
+
+def _calls(trained: Trained, rollout_id: str) -> list[Any]:
+    async def read() -> list[Any]:
+        store = SqliteLightningStore(str(trained.out / "store.db"))
+        spans = (await store.query_spans(rollout_id=rollout_id, attempt_id="latest")).items
+        await store.aclose()
+        return llm_calls(spans)
+
+    return asyncio.run(read())
+
+
+def test_each_steps_groups_and_their_zero_variance(http: httpx.Client, trained: Trained) -> None:
+    for step, row in enumerate(trained.history, start=1):
+        groups = get(http, "groups", step=step)["items"]
+        assert len(groups) == 2 and all(g["rollouts"] == 4 for g in groups)
+        flat = [g for g in groups if g["zero_variance"]]
+        assert len(flat) == row["zero_variance_groups"]  # what the step itself counted
+        for g in groups:
+            assert g["zero_variance"] == (len(set(g["rewards"])) == 1)
+    no_update = get(http, "groups", step=2)["items"]  # seed 3 draws the two constant tasks
+    assert all(g["zero_variance"] for g in no_update) and trained.history[1]["samples"] == 0
+
+
+def test_the_group_view_matches_grpo_s_batch(http: httpx.Client, trained: Trained) -> None:
+    groups = get(http, "groups", step=1)["items"]
+    live = next(g for g in groups if not g["zero_variance"])
+    view = get(http, f"groups/{live['group_id']}")
+    members, batch = _batch(trained, live["group_id"])
+    expected = {members[i].rollout_id: a for a, i in zip(batch.advantages, batch.rollout_index, strict=True)}
+    assert {r["rollout_id"]: r["advantage"] for r in view["rollouts"]} == pytest.approx(expected)
+    assert all(r["trained"] and r["reason"] is None for r in view["rollouts"])
+    assert view["zero_variance"] is False and view["step"] == 1 and view["input"] == "count"
+    assert abs(sum(r["advantage"] for r in view["rollouts"])) < 1e-6  # group-relative: they sum to 0
+    flat = next(g for g in groups if g["zero_variance"])
+    skipped = get(http, f"groups/{flat['group_id']}")
+    assert skipped["zero_variance"] is True and skipped["trained_samples"] == 0
+    assert all(not r["trained"] and "zero-variance" in r["reason"] for r in skipped["rollouts"])
+    assert _batch(trained, flat["group_id"])[1].samples == []
+
+
+def test_a_rollout_s_calls_samples_and_token_strip(http: httpx.Client, trained: Trained) -> None:
+    live = next(g for g in get(http, "groups", step=1)["items"] if not g["zero_variance"])
+    rollout_id = get(http, f"groups/{live['group_id']}")["rollouts"][0]["rollout_id"]
+    t = get(http, f"rollouts/{rollout_id}/training")
+    assert [c["trained"] for c in t["calls"]] == [True, True]
+    calls = _calls(trained, rollout_id)
+    expected, _ = to_samples(calls, 0.0)  # the adapter GRPO uses, on the same spans
+    assert [s["input_ids"] for s in t["samples"]] == [list(e.input_ids) for e in expected]
+    assert [s["loss_mask"] for s in t["samples"]] == [list(e.loss_mask) for e in expected]
+    assert [s["call_spans"] for s in t["samples"]] == [[list(c) for c in e.call_spans] for e in expected]
+    assert sum(s["num_calls"] for s in t["samples"]) == 2 and all(s["trained"] for s in t["samples"])
+    if len(t["samples"]) == 1:  # the second turn's prompt extends the first call: merged
+        assert t["samples"][0]["mismatch"] is None
+    else:  # the engine re-tokenized the first reply differently: a new sample, and the view says why
+        mismatch = t["samples"][1]["mismatch"]
+        assert mismatch["class"] == classify_mismatch(calls[0], calls[1].prompt_token_ids or [])
+        before = t["samples"][0]["input_ids"]
+        after = list(calls[1].prompt_token_ids or [])
+        assert after[: mismatch["at"]] == before[: mismatch["at"]]
+        assert (
+            mismatch["at"] == min(len(before), len(after)) or after[mismatch["at"]] != before[mismatch["at"]]
+        )
+    for sample in t["samples"]:
+        mask = sample["loss_mask"]
+        for a, b in sample["call_spans"]:
+            assert 0 < a < b <= sample["length"] and mask[a:b] == [1] * (b - a)
+        assert sum(mask) == sample["model_tokens"]
+        assert all(lp == 0.0 for lp, m in zip(sample["logprobs"], mask, strict=True) if not m)
+        assert all(lp < 0 for lp, m in zip(sample["logprobs"], mask, strict=True) if m)
+        assert len(sample["texts"]) == sample["length"]
+    assert t["tokenizer"] is True
+    flat = next(g for g in get(http, "groups", step=2)["items"])
+    skipped_id = get(http, f"groups/{flat['group_id']}")["rollouts"][0]["rollout_id"]
+    skipped = get(http, f"rollouts/{skipped_id}/training")
+    assert all(not c["trained"] and "zero-variance" in c["reason"] for c in skipped["calls"])
+    only = get(http, f"rollouts/{rollout_id}/training", agent="writer")
+    assert all(c["reason"].startswith("agent filtered out") for c in only["calls"])
+    long = get(http, f"rollouts/{rollout_id}/training", max_sample_tokens=5)
+    assert long["samples"][0]["reason"].startswith("overlong") and not long["calls"][0]["trained"]
+    bad = http.get(f"/ui/api/rollouts/{rollout_id}/training", params={"level": "turn"})
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "level"
