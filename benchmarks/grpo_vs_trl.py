@@ -1,4 +1,5 @@
 """GRPO step speed on CPU: agl (built-in engine + ``Policy.step``) vs TRL's ``GRPOTrainer``, same everything.
+TRL and datasets come with the bench extra (agl[bench]): ``pip install -e '.[bench]'``.
 
 Part 1, single turn: the same model, prompts, reward, group size, completion length, learning rate and number of
 steps through both, one after the other; seconds per step (generation + update, + weight sync for agl), trained
@@ -196,10 +197,15 @@ async def run_agl(
 # ----- TRL ---------------------------------------------------------------------------------------------------
 def run_trl(args: argparse.Namespace, path: Path, tasks: list[dict[str, Any]]) -> list[dict[str, float]]:
     """The same steps through TRL's GRPOTrainer: one generation round and one optimizer step per step."""
-    from datasets import Dataset
+    try:
+        from datasets import Dataset
+        from trl import GRPOConfig as TRLConfig
+        from trl import GRPOTrainer
+    except ImportError as exc:
+        raise SystemExit(
+            f"{exc.name} is not installed: pip install -e '.[bench]' (agl[bench]: trl, datasets)"
+        ) from exc
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig as TRLConfig
-    from trl import GRPOTrainer
 
     rewards_seen: list[list[float]] = []
 

@@ -3,7 +3,8 @@
 Alternates blocks of three modes: plain calls; the OpenInference instrumentor alone (a bare
 TracerProvider, no processor: the instrumentor's own cost); and agl (its provider and processor, calls
 inside a rollout context). The agl spans are converted at flush time, off the call path; that cost is
-timed separately and reported per span. Figures are medians per call.
+timed separately and reported per span. Figures are medians per call. The instrumentor comes with the
+integrations extra (``pip install -e '.[integrations]'``).
 
     python benchmarks/tracing_overhead.py --calls 900 --json out.jsonl
 """

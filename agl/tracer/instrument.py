@@ -6,7 +6,7 @@ import importlib
 import logging
 import threading
 
-from agl.errors import missing_extra
+from agl.errors import ConfigError, missing_extra
 from agl.tracer.otel import tracer_provider
 
 log = logging.getLogger(__name__)
@@ -21,6 +21,11 @@ _INSTRUMENTORS = {
         "openinference.instrumentation.langchain",
         "LangChainInstrumentor",
         "openinference-instrumentation-langchain",
+    ),
+    "openai-agents": (
+        "openinference.instrumentation.openai_agents",
+        "OpenAIAgentsInstrumentor",
+        "openinference-instrumentation-openai-agents",
     ),
     "litellm": (
         "openinference.instrumentation.litellm",
@@ -57,15 +62,34 @@ def instrument(*libraries: str, required: bool = False, set_global: bool = False
             module, cls, package = _INSTRUMENTORS[name]
             try:
                 instrumentor = getattr(importlib.import_module(module), cls)()
-                instrumentor.instrument(tracer_provider=tracer_provider())
+                conflict = _missing_library(instrumentor)
+                if conflict is None:
+                    instrumentor.instrument(tracer_provider=tracer_provider())
             except ImportError as exc:
                 if required:
                     raise missing_extra(package, "integrations") from exc
                 log.debug("not instrumenting %s: %s", name, exc)
                 continue
+            if conflict is not None:  # the instrumentor is there, the library it wraps is not (or too old)
+                if required:
+                    raise ConfigError(f"{name} is not installed ({conflict}): pip install {name}")
+                log.debug("not instrumenting %s: %s", name, conflict)
+                continue
             _active[name] = instrumentor
             done.append(name)
     return done
+
+
+def _missing_library(instrumentor: object) -> str | None:
+    """Why the instrumentor would do nothing (its library absent or too old), or None; asked before it logs."""
+    from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
+
+    conflict = get_dependency_conflicts(instrumentor.instrumentation_dependencies())  # type: ignore[attr-defined]
+    return (
+        None
+        if conflict is None
+        else f"the instrumentor needs {conflict.required}, found {conflict.found or 'none'}"
+    )
 
 
 def uninstrument() -> None:
