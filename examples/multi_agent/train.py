@@ -70,6 +70,7 @@ def agent_calls(store_path: Path, n_test: int) -> dict[str, Any]:
 
 def main() -> None:
     args = recipe_args(__doc__ or "", "multi_agent")
+    agl.instrument("langchain")  # LangGraph's nodes and tool calls show in the dashboard
     train, test = make_tasks(200, seed=args.seed), make_tasks(args.test, seed=10_000 + args.seed)
     recipe = Recipe(
         name="multi_agent",

@@ -77,6 +77,7 @@ def recursion_limit_share(store_path: Path, n_test: int) -> dict[str, Any]:
 
 def main() -> None:
     args = recipe_args(__doc__ or "", "sql_agent")
+    agl.instrument("langchain")  # LangGraph's nodes and tool calls show in the dashboard
     database = build_database(args.out / "shop.db", seed=args.seed)
     questions = [{**q, "database": str(database)} for q in make_questions(database)]
     train, test = split_by_template(questions, test=args.test, key="question", seed=args.seed)
