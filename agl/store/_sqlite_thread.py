@@ -56,7 +56,8 @@ def _convert(exc: Exception) -> Exception:
 class GroupCommitThread:
     """Owns ``conn``; ``await call(fn)`` runs ``fn(conn, finished)`` on the thread and returns its result.
 
-    ``on_finished`` is called after COMMIT with the rollout ids a call appended to ``finished``.
+    ``on_finished`` is called after COMMIT with the rollout ids a call appended to ``finished``;
+    ``before_commit(conn, ids)`` sees all of a group's finished ids inside its transaction.
     """
 
     def __init__(
@@ -67,11 +68,13 @@ class GroupCommitThread:
         *,
         begin_write: str = "BEGIN IMMEDIATE",
         is_retryable: Callable[[BaseException], bool] = lambda exc: False,
+        before_commit: Callable[[Any, list[str]], None] | None = None,
     ) -> None:
         self._conn = conn
         self._on_finished = on_finished
         self._begin_write = begin_write
         self._is_retryable = is_retryable
+        self._before_commit = before_commit
         self._ops: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self.closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -117,6 +120,9 @@ class GroupCommitThread:
             conn.execute(self._begin_write if any(op.write for op in batch) else "BEGIN")
             for op in batch:
                 outcomes.append(self._run_op(op))
+            finished = [i for op, _, error in outcomes if error is None for i in op.finished]
+            if finished and self._before_commit is not None:
+                self._before_commit(conn, finished)
             conn.execute("COMMIT")
         except Exception as exc:  # the transaction itself failed: nothing of the group is kept
             with contextlib.suppress(Exception):

@@ -42,16 +42,15 @@ _STATUS = {0: StatusCode.UNSET, 1: StatusCode.OK, 2: StatusCode.ERROR}
 
 
 def _attrs(raw: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in dict(raw or {}).items():
-        if key in JSON_KEYS and isinstance(value, str):
+    """OTel attributes as JSON values: tuples become lists, agl's JSON-string keys are parsed."""
+    out = {k: list(v) if v.__class__ is tuple else v for k, v in (raw or {}).items()}
+    for key in JSON_KEYS.intersection(out):  # a few keys at most; a span may carry hundreds
+        value = out[key]
+        if isinstance(value, str):
             try:
-                value = json.loads(value)
+                out[key] = json.loads(value)
             except ValueError:
                 pass
-        elif isinstance(value, tuple):
-            value = list(value)
-        out[key] = value
     return out
 
 

@@ -42,3 +42,44 @@ async def test_open_store_postgres_url_with_schema() -> None:
         assert isinstance(other, PostgresLightningStore) and other.schema == owner.schema
         assert (await other.statistics()).rollouts_by_status == {"queuing": 1}
         await other.aclose()
+
+
+async def test_a_completion_on_one_store_wakes_a_waiter_on_another_without_polling() -> None:
+    """LISTEN/NOTIFY: the waiting store never polls, so only the other store's NOTIFY can wake it."""
+    async with postgres_store() as first:
+        assert isinstance(first, PostgresLightningStore)
+        second = PostgresLightningStore(PG_DSN, schema=first.schema, watchdog_interval_s=0)
+        second.cross_process_poll_s = None
+        try:
+            (rollout,) = await first.enqueue_rollouts([RolloutCreate(input=1)])
+            waiter = asyncio.create_task(second.wait_for_rollouts([rollout.rollout_id], timeout_s=60))
+            while not second._waiters._waiters:  # registered: from here on a notification reaches it
+                await asyncio.sleep(0.01)
+            claimed = await first.dequeue("w")
+            assert claimed is not None
+            await first.update_attempt(
+                rollout.rollout_id, claimed.attempt.attempt_id, status=AttemptStatus.SUCCEEDED
+            )
+            (done,) = await asyncio.wait_for(waiter, 30)
+            assert done.rollout_id == rollout.rollout_id and done.status == "succeeded"
+        finally:
+            await second.aclose()
+
+
+async def test_notify_splits_many_long_ids_under_the_payload_limit() -> None:
+    """300 cancellations committed together need several NOTIFY payloads; every waiter id arrives."""
+    async with postgres_store() as first:
+        assert isinstance(first, PostgresLightningStore)
+        second = PostgresLightningStore(PG_DSN, schema=first.schema, watchdog_interval_s=0)
+        second.cross_process_poll_s = None
+        try:
+            ids = [f"ro-{i:04d}-" + "x" * 80 for i in range(300)]
+            await first.enqueue_rollouts([RolloutCreate(input=i, rollout_id=r) for i, r in enumerate(ids)])
+            waiter = asyncio.create_task(second.wait_for_rollouts(ids, timeout_s=60))
+            while not second._waiters._waiters:
+                await asyncio.sleep(0.01)
+            await asyncio.gather(*(first.cancel_rollout(r) for r in ids))
+            done = await asyncio.wait_for(waiter, 30)
+            assert sorted(r.rollout_id for r in done) == ids
+        finally:
+            await second.aclose()

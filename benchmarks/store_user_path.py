@@ -1,0 +1,194 @@
+"""The user's path through the store: Agent Lightning's store scenario written the way a user writes it.
+
+1,024 tasks; 32 runners in 4 processes (``agl.Runner`` with ``max_concurrency=8`` each) running an
+``@agl.rollout`` agent against ``agl store serve`` over HTTP. Per rollout, 1 to 6 rounds; each round
+is an OpenTelemetry span from agl's tracer provider with two child spans, each carrying a freshly
+generated nested attribute dict of about 6 KB (flattened to dotted keys, as OTel attributes must
+be); then rewards (``agl.emit_reward``) and a final span. Reports rollouts/s and the runner
+processes' CPU per OTel span, as one JSON line per run.
+
+    python benchmarks/store_user_path.py --backend sqlite
+    python benchmarks/store_user_path.py --backend memory --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import random
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agl.schemas import RolloutCreate  # noqa: E402
+
+
+def nested_attributes(rng: random.Random, target_bytes: int = 6000) -> dict[str, Any]:
+    """A fresh nested dict of about ``target_bytes`` of JSON, flattened to OTel's dotted primitive keys."""
+    out: dict[str, Any] = {}
+    size = 0
+    while size < target_bytes:
+        key = f"payload.k{rng.randrange(10**6)}"
+        text = rng.randbytes(rng.randrange(25, 100)).hex()  # cheap to make: the store path is measured
+        out[f"{key}.text"] = text
+        out[f"{key}.n"] = rng.random()
+        out[f"{key}.list"] = [rng.randrange(1000) for _ in range(rng.randrange(1, 10))]
+        size += len(text) + len(key) * 3 + 60
+    return out
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -> None:
+    import agl
+    from agl.store.client import LightningStoreClient
+    from agl.tracer import tracer_provider
+
+    tracer = tracer_provider().get_tracer("bench")
+    counted = {"otel_spans": 0}
+
+    @agl.rollout
+    async def agent(task: dict[str, Any]) -> None:
+        rng = random.Random(task["i"])
+        for round_no in range(rng.randint(1, 6)):
+            with tracer.start_as_current_span("round") as span:
+                span.set_attribute("round", round_no)
+                for child in ("llm.call", "tool.call"):
+                    with tracer.start_as_current_span(child) as inner:
+                        inner.set_attributes(nested_attributes(rng))
+                counted["otel_spans"] += 3
+            await asyncio.sleep(0)
+        agl.emit_reward(rng.random())
+        with tracer.start_as_current_span("final") as span:
+            span.set_attribute("answer", "42")
+        counted["otel_spans"] += 1
+
+    async def main() -> None:
+        client = LightningStoreClient(url)
+        runner = agl.Runner(agent, client, max_concurrency=concurrency, handle_signals=False)
+        await client.health()
+        out.put({"ready": index})
+        await asyncio.to_thread(go.wait)
+        cpu = _cpu_s()
+        outcomes = await runner.run(stop_when_idle=True)
+        out.put({"rollouts": len(outcomes), "cpu_s": _cpu_s() - cpu, **counted})
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def one_run(args: argparse.Namespace) -> dict[str, Any]:
+    import psutil
+
+    from agl.store.client import LightningStoreClient
+
+    workdir = tempfile.mkdtemp()
+    backend = {"memory": "memory://", "sqlite": f"sqlite:///{workdir}/user.db"}.get(
+        args.backend, args.backend
+    )
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "agl", "store", "serve", "--backend", backend, "--port", str(port)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = LightningStoreClient(url, retries=100, backoff_s=0.1)
+        while not await client.health():
+            await asyncio.sleep(0.2)
+        await client.enqueue_rollouts([RolloutCreate(input={"i": i}) for i in range(args.tasks)])
+        ctx = mp.get_context("spawn")
+        out, go = ctx.Queue(), ctx.Event()
+        per = args.runners // args.processes
+        procs = [
+            ctx.Process(target=_runner_process, args=(url, i, per, out, go)) for i in range(args.processes)
+        ]
+        for proc in procs:
+            proc.start()
+        for _ in procs:
+            await asyncio.to_thread(out.get, True, 300)
+        server_proc = psutil.Process(server.pid)
+        server_cpu = sum(server_proc.cpu_times()[:2])
+        start = time.perf_counter()
+        go.set()
+        reports = [await asyncio.to_thread(out.get, True, 1200) for _ in procs]
+        elapsed = time.perf_counter() - start
+        server_cpu = sum(server_proc.cpu_times()[:2]) - server_cpu
+        for proc in procs:
+            proc.join()
+        stats = await client.statistics()
+        await client.aclose()
+    finally:
+        server.terminate()
+        server.wait()
+    rollouts = sum(r["rollouts"] for r in reports)
+    otel = sum(r["otel_spans"] for r in reports)
+    runner_cpu = sum(r["cpu_s"] for r in reports)
+    assert rollouts == args.tasks and stats.rollouts_by_status.get("succeeded") == args.tasks, (
+        rollouts,
+        stats,
+    )
+    return {
+        "benchmark": "store_user_path",
+        "backend": args.backend,
+        "tasks": args.tasks,
+        "runners": args.runners,
+        "processes": args.processes,
+        "seconds": round(elapsed, 2),
+        "rollouts_per_s": round(rollouts / elapsed, 1),
+        "otel_spans": otel,
+        "stored_spans": stats.spans,
+        "runner_cpu_ms_per_rollout": round(1000 * runner_cpu / rollouts, 2),
+        "runner_cpu_ms_per_otel_span": round(1000 * runner_cpu / otel, 3),
+        "server_cpu_ms_per_span": round(1000 * server_cpu / max(stats.spans, 1), 3),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backend", default="sqlite", help="memory, sqlite or postgresql://...")
+    parser.add_argument("--tasks", type=int, default=1024)
+    parser.add_argument("--runners", type=int, default=32)
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--reference", type=float, default=12.2, help="agentlightning 0.3.0's published rollouts/s"
+    )
+    args = parser.parse_args()
+    runs = []
+    for _ in range(args.repeat):
+        result = asyncio.run(one_run(args))
+        runs.append(result)
+        print(json.dumps(result), flush=True)
+    median = statistics.median(r["rollouts_per_s"] for r in runs)
+    print(json.dumps({"median_rollouts_per_s": median, "vs_reference": round(median / args.reference, 2)}))
+
+
+if __name__ == "__main__":
+    main()
