@@ -16,3 +16,9 @@ async def digits_agent(task: str, llm: agl.LLM) -> float:
     )
     await client.close()
     return sum(c.isdigit() for c in reply.choices[0].message.content or "") / 4
+
+
+@agl.rollout
+async def keyless_agent(task: str, llm: agl.LLM) -> float:
+    """An agent whose every rollout fails before it reaches the model (a bug in the agent's own code)."""
+    raise RuntimeError(f"agent bug on task {task!r}")

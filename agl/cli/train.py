@@ -23,7 +23,7 @@ from typing import Any
 
 import typer
 
-from agl.errors import ConfigError
+from agl.errors import AglError, ConfigError
 
 # section -> (module, config class, algorithm class); imported only once the section is used
 ALGORITHMS: dict[str, tuple[str, str, str]] = {
@@ -461,6 +461,9 @@ def train(
         result = trainer.fit(lit_agent, train_tasks, val_tasks)
     except ConfigError as exc:  # a setting fit or the algorithm refuses: a message, not a traceback
         raise _fail(str(exc)) from None
+    except AglError as exc:  # the run itself failed (every rollout failed, say): the message says why
+        typer.secho(f"agl train: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         typer.secho("agl train: interrupted; runners, gateway and engine were stopped", err=True)
         raise typer.Exit(130) from None

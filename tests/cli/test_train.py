@@ -206,3 +206,18 @@ def test_a_tiny_grpo_run_end_to_end(tmp_path: Path) -> None:
     assert f"agl train: outputs: {out}" in proc.stdout
     # the saved file is itself a valid config that reproduces the run
     assert plan(load_config_file(out / "config.yaml")).resolved == saved
+
+
+def test_a_run_whose_every_rollout_fails_exits_1_with_the_error_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "train.jsonl").write_text('"a"\n"b"\n')
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "agl", "train", "--agent", "tests.tiny_agents:keyless_agent"]
+    cmd += ["--algorithm", "grpo", "--train", str(tmp_path / "train.jsonl"), "--set", "grpo.model_path=tiny"]
+    cmd += ["--set", "grpo.steps=1", "--set", "grpo.tasks_per_step=2", "--set", "grpo.group_size=2"]
+    cmd += ["--set", f"trainer.output_dir={out}"]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=220, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "agl train: RolloutsFailedError: all 4 rollouts" in proc.stderr and "agent bug" in proc.stderr
+    assert "Traceback" not in proc.stderr
