@@ -54,7 +54,14 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-_SUBMODULES = {"engines", "errors", "metrics", "models", "store"}  # reachable as agl.NAME without an import
+_SUBMODULES = {
+    "engines",
+    "errors",
+    "metrics",
+    "models",
+    "sandbox",
+    "store",
+}  # reachable as agl.NAME without an import
 
 
 def __getattr__(name: str) -> Any:

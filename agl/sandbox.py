@@ -65,6 +65,7 @@ class SandboxResult:
     stderr: str
     limit_hit: str | None
     duration_s: float
+    uid: int  # the uid the code ran as (one of its own when agl runs as root)
 
     @property
     def ok(self) -> bool:
@@ -219,7 +220,7 @@ def _run(
     errors = err.decode(errors="replace")
     if limit is None:
         limit = _limit_from_exit(returncode, errors, duration, limits)
-    return SandboxResult(returncode, out.decode(errors="replace"), errors, limit, duration)
+    return SandboxResult(returncode, out.decode(errors="replace"), errors, limit, duration, uid)
 
 
 def _collect(

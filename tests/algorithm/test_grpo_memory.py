@@ -5,8 +5,12 @@ follow the budget, and the process's RSS stays flat over many steps."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
+import os
 import random
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,35 @@ from agl.errors import ConfigError
 from agl.models import tiny_model
 
 MB = 1024**2
+ROOT = Path(__file__).resolve().parents[2]
+_CHILD = "AGL_TEST_FRESH_PROCESS"
+
+MemoryTest = Callable[[Path, None], None]
+
+
+def in_fresh_process(test: MemoryTest) -> MemoryTest:
+    """Run ``test`` in a new interpreter: its RSS readings then see only its own allocations, not the heap
+    that the suite's earlier tests left in the pytest process (which made budgets relative to it flaky)."""
+
+    @functools.wraps(test)
+    def wrapper(tiny: Path, one_thread: None) -> None:
+        if os.environ.get(_CHILD) == test.__name__:
+            return test(tiny, one_thread)
+        code = (
+            "import sys, torch; from pathlib import Path; torch.set_num_threads(1); "
+            f"from {__name__} import {test.__name__} as test; test(Path(sys.argv[1]), None)"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(tiny)],
+            cwd=ROOT,
+            env={**os.environ, _CHILD: test.__name__},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+
+    return wrapper
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +98,7 @@ def _grads(policy: Policy) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
 
 
+@in_fresh_process
 def test_a_step_over_a_forced_budget_backs_off_and_keeps_the_one_batch_gradient(
     tiny: Path, one_thread: None
 ) -> None:
@@ -90,10 +124,14 @@ def test_a_step_over_a_forced_budget_backs_off_and_keeps_the_one_batch_gradient(
     assert max(float(g.abs().max()) for g in a.values()) > 1e-4
 
 
+@in_fresh_process
 def test_a_budget_no_sample_fits_stops_with_the_settings_to_change_and_changes_nothing(
     tiny: Path, one_thread: None
 ) -> None:
     samples, adv, index = _batch(2, 400)
+    warm = _policy(tiny)  # load and step once, so the budget below is about the step, not model loading
+    warm.step(samples, adv, index)
+    del warm
     policy = Policy(
         PolicyConfig(
             model_path=str(tiny),
@@ -120,6 +158,7 @@ def test_a_budget_no_sample_fits_stops_with_the_settings_to_change_and_changes_n
     assert "lora_rank" in str(early.value)
 
 
+@in_fresh_process
 def test_auto_micro_batches_start_from_a_probe_and_follow_the_budget(tiny: Path, one_thread: None) -> None:
     samples, adv, index = _batch(12, 300)
     roomy = _policy(tiny)  # "auto" with a share of the machine's memory: the device's cap
@@ -138,6 +177,7 @@ def test_auto_micro_batches_start_from_a_probe_and_follow_the_budget(tiny: Path,
 
 
 @pytest.mark.slow
+@in_fresh_process
 def test_rss_stays_flat_over_thirty_steps(tiny: Path, one_thread: None) -> None:
     # GRPO runs each step on whichever asyncio.to_thread worker is free; four threads in turn reproduce
     # the climb (each glibc arena kept its own copy of a step's peak: 424 -> 531 MB before the fix)
