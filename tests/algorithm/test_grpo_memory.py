@@ -24,6 +24,7 @@ from agl.algorithm.memory import (
     MAX_AUTO_TOKENS,
     PROBE_TOKENS,
     MemoryBudgetError,
+    MicroBatchSizer,
     checkpointing_for,
     gpu_memory_utilization,
     process_rss,
@@ -111,7 +112,9 @@ def test_a_step_over_a_forced_budget_backs_off_and_keeps_the_one_batch_gradient(
     assert rise > 20 * MB, f"the one-batch step should need tens of MB, rose {rise / MB:.0f} MB"
     assert metrics["memory_backoffs"] == 0
 
-    forced = _policy(tiny, micro_batch_tokens=100_000, memory_budget_gb=(process_rss() + 0.6 * rise) / GB)
+    forced = _policy(tiny, micro_batch_tokens=100_000)
+    # the budget is set once the second policy is loaded, so its headroom is 60% of the step's rise
+    forced.sizer = MicroBatchSizer(100_000, "cpu", (process_rss() + 0.6 * rise) / GB)
     got = forced.step(samples, adv, index)
     assert got["memory_backoffs"] >= 1
     assert got["micro_batch_tokens"] < sum(len(s.input_ids) for s in samples)
