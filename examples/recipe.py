@@ -161,7 +161,8 @@ def plot(
     ax.plot([v[0] for v in val], [v[1] for v in val], marker="o", label=f"held-out {metric}")
     ax.axhline(phases["base"], ls="--", color="gray", label="base model")
     ax.set_xlabel("GRPO step (0: after the SFT warm start)")
-    ax.set_ylim(-0.55, 1.05)
+    rewards = [h["reward_mean"] for h in history if "reward_mean" in h]
+    ax.set_ylim(min([-0.05, *(r - 0.05 for r in rewards)]), 1.05)  # room for penalties below 0
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -27,6 +27,7 @@ from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig, WarmStart
 from agl.models import smollm2, tiny_model
 from examples.calc.agent import CALCULATOR, SYSTEM, calc_agent, calculate
 from examples.calc.tasks import make_tasks
+from examples.recipe import plot
 
 
 def tool_use_trace(task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -42,29 +43,6 @@ def tool_use_trace(task: dict[str, Any]) -> list[dict[str, Any]]:
         {"role": "tool", "tool_call_id": "call-0", "content": result},
         {"role": "assistant", "content": f"Answer: {result}"},
     ]
-
-
-def plot(history: list[dict[str, float]], phases: dict[str, float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    steps = list(range(1, len(history) + 1))
-    ax.plot(steps, [h.get("reward_mean", float("nan")) for h in history], label="train reward (mean)")
-    start = phases.get("after_warm_start", phases["base"])
-    val = [(0, start)] + [(i + 1, h["val_reward"]) for i, h in enumerate(history) if "val_reward" in h]
-    ax.plot([v[0] for v in val], [v[1] for v in val], marker="o", label="held-out accuracy")
-    ax.axhline(phases["base"], ls="--", color="gray", label="base model")
-    ax.set_xlabel("GRPO step (0: after the SFT warm start)")
-    ax.set_ylim(-0.05, 1.05)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title("calc agent: SmolLM2 + calculator tool")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def default_out(example: str, model: str) -> Path:
@@ -155,7 +133,9 @@ def main() -> None:
     wall = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     phases = result["phases"]
-    plot(result["history"], phases, args.out / "curve.png")
+    plot(
+        result["history"], phases, args.out / "curve.png", "calc agent: SmolLM2 + calculator tool", "accuracy"
+    )
     summary = {
         "model": "tiny" if tiny else "SmolLM2-135M-Instruct",
         "val_accuracy_before": phases["base"],
