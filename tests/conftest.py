@@ -10,6 +10,7 @@ printed, so a shrinking suite is visible.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Generator
 from typing import Any
@@ -77,6 +78,32 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, A
     if report.skipped and require_all():
         report.outcome = "failed"
         report.longrepr = _failure(_skip_reason(report))
+
+
+def _io_intact() -> bool:
+    try:
+        io.BytesIO().fileno()
+    except io.UnsupportedOperation:
+        return True
+    except Exception:  # noqa: BLE001 - any other class means a second `_io` was initialised
+        return False
+    return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    """Name the test after which ``io.UnsupportedOperation`` stopped matching what ``BytesIO`` raises.
+
+    That happens when ``_io`` is imported again (sys.modules emptied while another thread imports) and
+    breaks ``torch.save`` to memory far from the cause; the failure is reported once, at its source.
+    """
+    yield
+    if not _io_intact() and not item.config.stash.get(_IO_REPORTED, False):
+        item.config.stash[_IO_REPORTED] = True
+        raise RuntimeError(f"`_io` was re-initialised during {item.nodeid}: io.UnsupportedOperation is stale")
+
+
+_IO_REPORTED = pytest.StashKey[bool]()
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str:
