@@ -56,7 +56,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy agl
 
 pytest: test-deps
-	AGL_REQUIRE_ALL=1 $(BIN)/python -m pytest -q -p no:cacheprovider
+	AGL_REQUIRE_ALL=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
 
 test: lint typecheck pytest
 
