@@ -1,12 +1,13 @@
 """agl: make any AI agent better by training it (GRPO, APO, SFT) with almost no change to its code.
 
-The public names are listed in ``__all__`` and loaded lazily, so ``import agl`` stays fast.
+The public names are listed in ``__all__`` and loaded lazily, so ``import agl`` stays fast; the
+``TYPE_CHECKING`` imports below show type checkers the real objects behind them.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "CommandAgent": "agl.agent",
     "LitAgent": "agl.agent",
     "Runner": "agl.runner",
+    "Serving": "agl.trainer",
     "Trainer": "agl.trainer",
     "agent_scope": "agl.emit",
     "emit_annotation": "agl.emit",
@@ -51,7 +53,96 @@ _EXPORTS: dict[str, str] = {
     "open_store": "agl.store",
 }
 
-__all__ = sorted(_EXPORTS)
+# what type checkers see behind the lazy __getattr__ (tests/test_public_api.py keeps the three lists in step)
+if TYPE_CHECKING:
+    from agl import engines as engines
+    from agl import errors as errors
+    from agl import metrics as metrics
+    from agl import models as models
+    from agl import sandbox as sandbox
+    from agl import store as store
+    from agl.agent import CommandAgent, LitAgent, rollout
+    from agl.algorithm import (
+        Algorithm,
+        TrainingContext,
+        as_algorithm,
+    )
+    from agl.algorithm.apo import APO, APOConfig
+    from agl.algorithm.grpo import GRPO, GRPOConfig, WarmStart
+    from agl.algorithm.sft import SFT, SFTConfig
+    from agl.emit import (
+        agent_scope,
+        emit_annotation,
+        emit_exception,
+        emit_message,
+        emit_object,
+        emit_reward,
+        operation,
+    )
+    from agl.runner import Runner
+    from agl.schemas import (
+        LLM,
+        Attempt,
+        AttemptStatus,
+        PromptTemplate,
+        ResourcesVersion,
+        RetryConfig,
+        Rollout,
+        RolloutStatus,
+        Span,
+    )
+    from agl.store import (
+        InMemoryLightningStore,
+        LightningStore,
+        SqliteLightningStore,
+        SyncLightningStore,
+        open_store,
+    )
+    from agl.store.client import LightningStoreClient
+    from agl.tracer.instrument import instrument
+    from agl.trainer import Serving, Trainer
+
+__all__ = [
+    "APO",
+    "APOConfig",
+    "Algorithm",
+    "Attempt",
+    "AttemptStatus",
+    "CommandAgent",
+    "GRPO",
+    "GRPOConfig",
+    "InMemoryLightningStore",
+    "LLM",
+    "LightningStore",
+    "LightningStoreClient",
+    "LitAgent",
+    "PromptTemplate",
+    "ResourcesVersion",
+    "RetryConfig",
+    "Rollout",
+    "RolloutStatus",
+    "Runner",
+    "SFT",
+    "SFTConfig",
+    "Serving",
+    "Span",
+    "SqliteLightningStore",
+    "SyncLightningStore",
+    "Trainer",
+    "TrainingContext",
+    "WarmStart",
+    "agent_scope",
+    "as_algorithm",
+    "emit_annotation",
+    "emit_exception",
+    "emit_message",
+    "emit_object",
+    "emit_reward",
+    "instrument",
+    "open_store",
+    "operation",
+    "rollout",
+]
 
 
 _SUBMODULES = {

@@ -103,7 +103,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         algorithm=GRPO(config),
         n_runners=32,
         output_dir=str(args.out),
-        sampling={"temperature": args.temperature},
+        serving=agl.Serving(sampling={"temperature": args.temperature}),
     )
     result = trainer.fit(recipe.agent, recipe.train, recipe.test)
     wall = time.perf_counter() - started

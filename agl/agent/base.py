@@ -8,12 +8,15 @@ import functools
 import inspect
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from agl.schemas import LLM, PromptTemplate, Resource, Rollout
 
 #: what an agent may return: None, a reward, or spans it built itself
 RolloutResult = Any
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def scoped_llm(llm: LLM, rollout_id: str, attempt_id: str) -> LLM:
@@ -71,10 +74,13 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "fn", None))
 
 
-class FunctionAgent(LitAgent):
-    """A LitAgent around one function; its parameters are filled by name and type (see :func:`rollout`)."""
+class FunctionAgent(LitAgent, Generic[P, R]):
+    """A LitAgent around one function; its parameters are filled by name and type (see :func:`rollout`).
 
-    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+    Calling it calls the function, with the function's own parameter and return types.
+    """
+
+    def __init__(self, fn: Callable[P, R], name: str | None = None) -> None:
         self.fn = fn
         self.name = name
         self._signature = inspect.signature(fn)
@@ -104,16 +110,18 @@ class FunctionAgent(LitAgent):
         return args
 
     def rollout(self, task: Any, resources: dict[str, Resource], rollout: Rollout) -> RolloutResult:
-        return self.fn(**self._arguments(task, resources, rollout))
+        fn: Callable[..., Any] = self.fn  # called with injected keyword arguments
+        return fn(**self._arguments(task, resources, rollout))
 
     async def execute(
         self, rollout: Rollout, resources: dict[str, Resource], executor: Executor | None = None
     ) -> RolloutResult:
-        if inspect.iscoroutinefunction(self.fn):
-            return await self.fn(**self._arguments(rollout.input, resources, rollout))
+        fn: Callable[..., Any] = self.fn
+        if inspect.iscoroutinefunction(fn):
+            return await fn(**self._arguments(rollout.input, resources, rollout))
         return await super().execute(rollout, resources, executor)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
 
@@ -129,13 +137,30 @@ def _first(resources: dict[str, Resource], kind: type, pname: str, param: inspec
     )
 
 
-def rollout(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
-    """Turn a function (sync or async) into an agent.
+@overload
+def rollout(fn: Callable[P, R], *, name: str | None = None) -> FunctionAgent[P, R]: ...
+
+
+@overload
+def rollout(
+    fn: None = None, *, name: str | None = None
+) -> Callable[[Callable[P, R]], FunctionAgent[P, R]]: ...
+
+
+def rollout(
+    fn: Callable[P, R] | None = None, *, name: str | None = None
+) -> FunctionAgent[P, R] | Callable[[Callable[P, R]], FunctionAgent[P, R]]:
+    """Turn a function (sync or async) into an agent: ``@agl.rollout`` or ``@agl.rollout(name="solver")``.
 
     Parameters are injected by name and type: ``task`` (the rollout input), ``llm: agl.LLM``,
     ``prompt: agl.PromptTemplate``, ``resources`` (all of them), ``rollout`` (the Rollout), or any
-    resource by its name. Return None, a float reward, or a list of spans.
+    resource by its name. Return None, a float reward, or a list of spans. The agent keeps the
+    function's type: calling it calls the function (an ``async def`` one returns its coroutine).
     """
     if fn is None:
-        return lambda f: FunctionAgent(f, name=name)
+
+        def decorate(f: Callable[P, R]) -> FunctionAgent[P, R]:
+            return FunctionAgent(f, name=name)
+
+        return decorate
     return FunctionAgent(fn, name=name)

@@ -137,7 +137,7 @@ def _worker_entry(args: _WorkerArgs) -> None:
 _EXAMPLE = (
     "Example, on each runner machine: agl runner --store http://trainer-host:4747 "
     "--agent my_agents:solve --workers 4 --token $AGL_STORE_TOKEN. The trainer side runs "
-    "Trainer(n_runners=0, store='http://...', gateway_host='0.0.0.0') or agl store serve."
+    "Trainer(n_runners=0, store='http://...', serving=agl.Serving(host='0.0.0.0')) or agl store serve."
 )
 
 

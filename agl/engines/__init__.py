@@ -1,7 +1,7 @@
 """Inference engines: the built-in engine (``agl.engines.builtin``) and a vLLM launcher (``agl.engines.vllm``).
 
 ``BuiltinEngine`` and ``VllmEngine`` choose the engine ``Trainer.fit`` serves the policy with
-(``Trainer(engine=agl.engines.VllmEngine(replicas=2))``); see :mod:`agl.engines.launch`.
+(``Trainer(serving=agl.Serving(engine=agl.engines.VllmEngine(replicas=2)))``); see :mod:`agl.engines.launch`.
 Nothing heavy is imported here; import the submodule you need.
 """
 

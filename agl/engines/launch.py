@@ -1,6 +1,6 @@
 """Serving engines for ``Trainer.fit``: which engine serves the policy, how many replicas, how weights reach them.
 
-``Trainer(engine=BuiltinEngine())`` (the default) or ``Trainer(engine=VllmEngine(replicas=2))``.
+``agl.Serving(engine=BuiltinEngine())`` (the default) or ``agl.Serving(engine=VllmEngine(replicas=2))``.
 :func:`start_engines` starts the replicas (here, or through a :class:`Placer` such as Ray actors) and
 returns :class:`ServedEngines`: the gateway's upstreams plus ``sync``, which pushes the trainer's weights
 after a step and returns the version the next responses carry. vLLM replicas get a LoRA hot-load when the
@@ -165,7 +165,12 @@ class _VllmEngines(ServedEngines):
         work_dir: Path,
         save_adapter: Callable[[Path], None] | None,
     ) -> None:
-        super().__init__(replicas, [UpstreamConfig(url=r.base_url, kind="vllm") for r in replicas])
+        # name: a Ray replica's URL#ray-node=ID, recorded as each call's backend
+        upstreams = [
+            UpstreamConfig(url=r.base_url, kind="vllm", name=getattr(r, "backend_name", None))
+            for r in replicas
+        ]
+        super().__init__(replicas, upstreams)
         self.spec, self.model_path, self.work_dir = spec, model_path, work_dir
         self.save_adapter = save_adapter
         self.updates = 0
@@ -265,7 +270,9 @@ async def start_engines(
     if isinstance(spec, BuiltinEngine):
         replica = await asyncio.to_thread(placer.builtin, model_path, dict(spec.options))
         key = spec.options.get("token")  # EngineServer(token=...): the gateway sends it upstream
-        return _BuiltinEngines([replica], [UpstreamConfig(url=replica.base_url, kind="agl", api_key=key)])
+        name = getattr(replica, "backend_name", None)  # e.g. a Ray replica's URL#ray-node=ID
+        upstream = UpstreamConfig(url=replica.base_url, kind="agl", api_key=key, name=name)
+        return _BuiltinEngines([replica], [upstream])
     if not isinstance(spec, VllmEngine):
         raise ConfigError(f"engine must be BuiltinEngine(...) or VllmEngine(...), got {type(spec).__name__}")
     rank = lora_rank_of(algorithm)

@@ -23,7 +23,7 @@ from agl.store.base import LightningStore
 
 if TYPE_CHECKING:
     from agl.engines.launch import Placer
-    from agl.trainer.trainer import GatewaySettings, Trainer
+    from agl.trainer.trainer import Serving, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
 
 def _public_endpoint(gateway: Any, trainer: Trainer) -> str:
     """The gateway's rollout-scoped endpoint under the host name runners elsewhere can reach."""
-    host = trainer.gateway.public_host or trainer.gateway.host
+    host = trainer.serving.public_host or trainer.serving.host
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
     parts = urlsplit(str(gateway.endpoint_template))
@@ -143,7 +143,7 @@ def _public_endpoint(gateway: Any, trainer: Trainer) -> str:
     return urlunsplit(parts._replace(netloc=f"{netloc}:{parts.port}"))
 
 
-def gateway_client_token(settings: GatewaySettings) -> str | None:
+def gateway_client_token(settings: Serving) -> str | None:
     """The token model calls need: the settings' own; generated (and printed once) for a gateway bound
     beyond loopback without one, so that it is never open to the network; none on loopback."""
     if settings.token or settings.loopback:
@@ -152,7 +152,7 @@ def gateway_client_token(settings: GatewaySettings) -> str | None:
     print(
         f"agl: the gateway binds {settings.host} and no token was given, so fit made one: {token}\n"
         "     agents get it as llm.api_key (openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key));"
-        " choose your own with Trainer(gateway=agl.trainer.GatewaySettings(token=...))",
+        " choose your own with Trainer(serving=agl.Serving(token=...))",
         file=sys.stderr,
         flush=True,
     )
@@ -170,13 +170,13 @@ async def _serve_model(
     from agl.engines.launch import BuiltinEngine, start_engines
     from agl.gateway import Gateway
 
-    spec = trainer.engine or BuiltinEngine(trainer.engine_options)
+    spec = trainer.serving.engine or BuiltinEngine()
     work_dir = Path(ctx.output_dir) / "engine"
     engines = await start_engines(
         spec, model_path, algorithm=trainer.algorithm, work_dir=work_dir, placer=placer
     )
     stack.callback(engines.stop)
-    settings = trainer.gateway
+    settings = trainer.serving
     client_token = gateway_client_token(settings)
     gateway = Gateway(
         store,
@@ -192,7 +192,7 @@ async def _serve_model(
         endpoint=_public_endpoint(gateway, trainer),
         model="policy",
         api_key=client_token,  # agents that build their client from llm.api_key need no change
-        sampling_parameters=dict(trainer.sampling),
+        sampling_parameters=dict(trainer.serving.sampling),
     )
 
     async def sync_weights(state: dict[str, Any]) -> str:

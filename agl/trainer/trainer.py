@@ -1,4 +1,7 @@
-"""``agl.Trainer``: wires store, gateway, engine, runners and an algorithm. Wiring only; no training logic here."""
+"""``agl.Trainer``: wires store, gateway, engine, runners and an algorithm. Wiring only; no training logic here.
+
+``agl.Serving`` groups how the model is served (engine, gateway, sampling).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +11,13 @@ import ipaddress
 import os
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
+
+from typing_extensions import deprecated
 
 from agl.agent.base import LitAgent
 from agl.errors import ConfigError
@@ -28,11 +34,15 @@ RESULTS_ROOT = "results"
 
 
 @dataclass(frozen=True)
-class GatewaySettings:
-    """Where ``fit``'s LLM gateway binds, the host name it is published under, and its tokens.
+class Serving:
+    """How ``fit`` serves the algorithm's model to the agents: the engine, the LLM gateway in front of it,
+    and the sampling parameters agents get with the ``llm`` resource. ``Trainer(serving=agl.Serving(...))``.
 
     Args:
-        host, port: where it binds (``0.0.0.0`` for runners on other machines; port 0: a free one).
+        engine: ``agl.engines.BuiltinEngine(options)`` (None: the built-in engine with no options) or
+            ``agl.engines.VllmEngine(replicas=..., ...)`` (vLLM replicas behind the gateway).
+        sampling: the ``sampling_parameters`` of the LLM resource agents get (the policy's own).
+        host, port: where the gateway binds (``0.0.0.0`` for runners on other machines; port 0: a free one).
         public_host: the host name remote runners use; defaults to ``host``, or this machine's name
             when that is a wildcard address.
         token: required on model calls; agents get it as ``llm.api_key``. A gateway bound beyond
@@ -41,11 +51,22 @@ class GatewaySettings:
             itself pauses and flushes the gateway in process, without HTTP).
     """
 
+    engine: EngineSpec | None = None
+    sampling: dict[str, Any] = dataclasses.field(default_factory=lambda: {"temperature": 1.0})
     host: str = "127.0.0.1"
     port: int = 0
     public_host: str | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
     admin_token: str | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampling, Mapping):
+            raise ConfigError(
+                f"Serving.sampling must be a mapping such as {{'temperature': 0.7}}, got {self.sampling!r}"
+            )
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"Serving.port must be 0 (a free one) to 65535, got {self.port!r}")
+        object.__setattr__(self, "sampling", dict(self.sampling))
 
     @property
     def loopback(self) -> bool:
@@ -58,81 +79,169 @@ class GatewaySettings:
             return False
 
 
+if TYPE_CHECKING:
+    GatewaySettings = Serving  # the name before Serving; importing it warns (see __getattr__)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "GatewaySettings":
+        return gateway_settings_alias()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def gateway_settings_alias(stacklevel: int = 3) -> type[Serving]:
+    """``Serving``, for the deprecated name ``GatewaySettings`` (warns where the name is used)."""
+    warnings.warn(
+        "agl.trainer.GatewaySettings is deprecated; use agl.Serving (the same fields, plus engine and sampling)",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return Serving
+
+
+#: Trainer's keyword arguments before ``serving=``: each still works for one release, with a
+#: DeprecationWarning naming its new spelling
+DEPRECATED_KEYWORDS: dict[str, str] = {
+    "sampling": "serving=agl.Serving(sampling=...)",
+    "engine": "serving=agl.Serving(engine=...)",
+    "engine_options": "serving=agl.Serving(engine=agl.engines.BuiltinEngine(options))",
+    "gateway": "serving=agl.Serving(host=..., port=..., public_host=..., token=..., admin_token=...)",
+    "gateway_host": "serving=agl.Serving(host=...)",
+    "gateway_port": "serving=agl.Serving(port=...)",
+    "public_host": "serving=agl.Serving(public_host=...)",
+}
+
+
+def serving_from_deprecated(serving: Serving | None, old: Mapping[str, Any], stacklevel: int = 3) -> Serving:
+    """``serving``, or the Serving the pre-``serving`` keywords in ``old`` describe (each one warns).
+
+    Raises:
+        TypeError: a keyword Trainer never took.
+        ConfigError: ``serving`` together with old keywords, or two old ones that say the same thing.
+    """
+    unknown = sorted(set(old) - set(DEPRECATED_KEYWORDS))
+    if unknown:
+        raise TypeError(f"Trainer() got an unexpected keyword argument {unknown[0]!r}")
+    for key in old:
+        warnings.warn(
+            f"Trainer({key}=...) is deprecated; use Trainer({DEPRECATED_KEYWORDS[key]})",
+            DeprecationWarning,
+            stacklevel=stacklevel,
+        )
+    if not old:
+        return serving or Serving()
+    if serving is not None:
+        raise ConfigError(f"pass serving=agl.Serving(...) or the deprecated {', '.join(old)}, not both")
+    if "engine" in old and "engine_options" in old:
+        raise ConfigError(
+            "pass engine= or engine_options= (both are serving=agl.Serving(engine=...) now), not both"
+        )
+    gateway_fields = [k for k in ("gateway_host", "gateway_port", "public_host") if old.get(k) is not None]
+    base = old.get("gateway") or Serving()
+    if old.get("gateway") is not None and gateway_fields:
+        raise ConfigError(
+            "pass the gateway's host/port/public_host either in gateway=... or as "
+            "gateway_host/gateway_port/public_host, not both (serving=agl.Serving(host=..., ...) replaces both)"
+        )
+    from agl.engines.launch import BuiltinEngine
+
+    changes: dict[str, Any] = {
+        "host": old.get("gateway_host") or base.host,
+        "port": old.get("gateway_port") or base.port,
+        "public_host": old.get("public_host") or base.public_host,
+    }
+    if old.get("sampling") is not None:
+        changes["sampling"] = old["sampling"]
+    if old.get("engine") is not None:
+        changes["engine"] = old["engine"]
+    elif old.get("engine_options") is not None:
+        changes["engine"] = BuiltinEngine(old["engine_options"])
+    return dataclasses.replace(base, **changes)
+
+
 class Trainer:
     """Runs an agent against an algorithm.
 
     Args:
-        algorithm: what improves the agent (GRPO, APO, SFT or your own ``agl.Algorithm``).
+        algorithm: what improves the agent (GRPO, APO, SFT or your own ``agl.Algorithm``); ``dev`` needs none.
         store: a LightningStore, or a store URL (``http://host:4747`` of ``agl store serve``,
             ``sqlite:///...``); defaults to an in-memory one for ``dev`` and SQLite for ``fit``.
         n_runners: concurrent rollouts the in-process runners execute; 0 starts none, for runners
             attached elsewhere (``agl runner --store URL``) to the same store.
         output_dir: metrics, checkpoints and (by default) the SQLite store go here; by default a new
             ``results/<algorithm>-<timestamp>`` per ``fit`` (``run_dir`` names it), so runs never mix.
-        sampling: sampling parameters of the LLM resource agents get (the policy's own).
-        engine_options: passed to the built-in engine serving the algorithm's model.
-        engine: which engine serves the algorithm's model: ``agl.engines.BuiltinEngine(...)`` (the
-            default) or ``agl.engines.VllmEngine(replicas=..., ...)`` (vLLM replicas behind the gateway).
+        serving: how the algorithm's model is served to the agents (:class:`Serving`: engine, gateway
+            host/port/public host/tokens, sampling); the defaults serve it on loopback with the built-in engine.
         initial_resources: published before the algorithm starts (APO reads its prompt and the
             task LLM from the latest resources).
-        gateway: where the LLM gateway binds and its tokens (:class:`GatewaySettings`).
-        gateway_host, gateway_port, public_host: the same as ``gateway=GatewaySettings(host, port,
-            public_host)``, kept for existing code; not together with ``gateway``.
         trackers: experiment trackers the algorithm's metrics go to (``"tensorboard"``, ``"wandb"``,
             ``"mlflow"``; see :mod:`agl.trackers`); None: TensorBoard, and wandb when its env is set.
+
+    The keywords ``sampling``, ``engine``, ``engine_options``, ``gateway``, ``gateway_host``,
+    ``gateway_port`` and ``public_host`` still work for one release, with a DeprecationWarning naming the
+    ``serving=agl.Serving(...)`` spelling.
     """
 
+    @overload
     def __init__(
         self,
-        *,
         algorithm: Any = None,
+        *,
         store: LightningStore | str | None = None,
         n_runners: int = 4,
         output_dir: str | None = None,
+        serving: Serving | None = None,
+        initial_resources: dict[str, Resource] | None = None,
+        trackers: Sequence[str] | None = None,
+    ) -> None: ...
+
+    @overload
+    @deprecated("Trainer's sampling/engine/engine_options/gateway*/public_host: use serving=agl.Serving(...)")
+    def __init__(
+        self,
+        algorithm: Any = None,
+        *,
+        store: LightningStore | str | None = None,
+        n_runners: int = 4,
+        output_dir: str | None = None,
+        initial_resources: dict[str, Resource] | None = None,
+        trackers: Sequence[str] | None = None,
         sampling: dict[str, Any] | None = None,
         engine_options: dict[str, Any] | None = None,
-        initial_resources: dict[str, Resource] | None = None,
+        engine: EngineSpec | None = None,
+        gateway: Serving | None = None,
         gateway_host: str | None = None,
         gateway_port: int | None = None,
         public_host: str | None = None,
-        engine: EngineSpec | None = None,
-        gateway: GatewaySettings | None = None,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        algorithm: Any = None,
+        *,
+        store: LightningStore | str | None = None,
+        n_runners: int = 4,
+        output_dir: str | None = None,
+        serving: Serving | None = None,
+        initial_resources: dict[str, Resource] | None = None,
         trackers: Sequence[str] | None = None,
+        **deprecated_keywords: Any,
     ) -> None:
         if n_runners < 0:
             raise ConfigError(f"n_runners must be >= 0 (0: only external runners), got {n_runners}")
+        if serving is not None and not isinstance(serving, Serving):
+            raise ConfigError(
+                f"Trainer(serving=...) takes an agl.Serving(...), got a {type(serving).__name__}"
+            )
         self.algorithm = algorithm
         self.store = store
         self.n_runners = n_runners
         self.output_dir = output_dir
-        self.sampling = dict(sampling or {"temperature": 1.0})
-        self.engine_options = dict(engine_options or {})
+        self.serving = serving_from_deprecated(serving, deprecated_keywords)
         self.initial_resources = dict(initial_resources or {})
-        self.engine = engine
         self.trackers = None if trackers is None else check_names(trackers)
-        if gateway is not None and (gateway_host, gateway_port, public_host) != (None, None, None):
-            raise ConfigError(
-                "pass the gateway's host/port/public_host either in gateway=GatewaySettings(...) or as "
-                "gateway_host/gateway_port/public_host, not both"
-            )
-        self.gateway = gateway or GatewaySettings(
-            host=gateway_host or "127.0.0.1", port=gateway_port or 0, public_host=public_host
-        )
         #: the output folder of the latest ``fit`` (``output_dir``, or the per-run default)
         self.run_dir: Path | None = None
-
-    # the pre-GatewaySettings names, read-only
-    @property
-    def gateway_host(self) -> str:
-        return self.gateway.host
-
-    @property
-    def gateway_port(self) -> int:
-        return self.gateway.port
-
-    @property
-    def public_host(self) -> str | None:
-        return self.gateway.public_host
 
     def new_run_dir(self) -> Path:
         """This fit's output folder: ``output_dir`` as given, else a new ``results/<algorithm>-<timestamp>``.
@@ -186,7 +295,7 @@ class Trainer:
             return run()
         if any(isinstance(r, LLM) for r in given.values()):
             raise ConfigError("Trainer.dev got model= and an LLM in resources: pass one of them")
-        with serve_model(model, self.sampling) as llm:
+        with serve_model(model, self.serving.sampling) as llm:
             given["llm"] = llm
             return run()
 

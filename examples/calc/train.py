@@ -127,7 +127,7 @@ def main() -> None:
         algorithm=GRPO(config),
         n_runners=32,
         output_dir=str(args.out),
-        sampling={"temperature": args.temperature},
+        serving=agl.Serving(sampling={"temperature": args.temperature}),
     )
     result = trainer.fit(calc_agent, train, val)
     wall = time.perf_counter() - started

@@ -69,7 +69,10 @@ def main() -> None:
     )
     algorithm = SeededExpertIteration(SFT(config), seed_traces=8 if tiny else 64)
     trainer = agl.Trainer(
-        algorithm=algorithm, n_runners=16, output_dir=str(args.out), sampling={"temperature": 0.7}
+        algorithm=algorithm,
+        n_runners=16,
+        output_dir=str(args.out),
+        serving=agl.Serving(sampling={"temperature": 0.7}),
     )
     result = trainer.fit(calc_agent, make_tasks(200, seed=1), make_tasks(args.val, seed=10_001))
     summary = {

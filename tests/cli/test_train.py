@@ -108,13 +108,13 @@ def test_sections_overrides_and_nested_values_resolve(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_text(
         'algorithm = "grpo"\n[grpo]\nmodel_path = "m"\nlr = 1e-5\n[grpo.loss]\nclip_high = 0.28\n'
-        "[trainer]\nn_runners = 3\nsampling = { temperature = 0.7 }\n"
+        "[trainer]\nn_runners = 3\nserving = { sampling = { temperature = 0.7 } }\n"
     )
     config = load_config_file(path)
     for override in (
         "grpo.lr=2e-5",  # YAML reads 2e-5 as a string; the float field converts it
         "grpo.warm_start={conversations: [[{role: user, content: hi}, {role: assistant, content: '4'}]], steps: 2}",
-        "trainer.gateway.port=5555",
+        "trainer.serving.port=5555",
         "trainer.trackers=[tensorboard, wandb]",
         "trainer.initial_resources={prompt: {resource_type: prompt_template, template: 'Q: {q}'}}",
     ):
@@ -124,8 +124,8 @@ def test_sections_overrides_and_nested_values_resolve(tmp_path: Path) -> None:
     assert (cfg.lr, cfg.loss.clip_high, cfg.warm_start.steps) == (2e-5, 0.28, 2)
     assert cfg.warm_start.conversations[0][1] == {"role": "assistant", "content": "4"}
     kwargs = run.trainer_kwargs
-    assert kwargs["n_runners"] == 3 and kwargs["sampling"] == {"temperature": 0.7}
-    assert kwargs["gateway"].port == 5555 and kwargs["initial_resources"]["prompt"].template == "Q: {q}"
+    assert kwargs["n_runners"] == 3 and kwargs["serving"].sampling == {"temperature": 0.7}
+    assert kwargs["serving"].port == 5555 and kwargs["initial_resources"]["prompt"].template == "Q: {q}"
     assert run.resolved["grpo"]["loss"] == {
         **run.resolved["grpo"]["loss"],
         "clip_high": 0.28,
@@ -133,8 +133,47 @@ def test_sections_overrides_and_nested_values_resolve(tmp_path: Path) -> None:
     }
     assert run.resolved["trainer"]["trackers"] == ["tensorboard", "wandb"]
     # secrets are neither printed nor saved
-    apply_override(config, "trainer.gateway.token=s3cret")
-    assert plan(config).resolved["trainer"]["gateway"]["token"] is None
+    apply_override(config, "trainer.serving.token=s3cret")
+    assert plan(config).resolved["trainer"]["serving"]["token"] is None
+
+
+def test_the_pre_serving_trainer_keys_still_work_and_say_their_new_spelling(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    old = [
+        "trainer.sampling={temperature: 0.5}",
+        "trainer.engine_options={device: cpu}",
+        "trainer.gateway={host: 0.0.0.0, token: t0k}",
+        "trainer.gateway_port=6000",
+        "trainer.public_host=trainer.lan",
+    ]
+    run = plan(merge(None, {"algorithm": "grpo"}, ["grpo.model_path=m", *old]))
+    serving = run.trainer_kwargs["serving"]
+    assert serving.sampling == {"temperature": 0.5} and serving.engine.options == {"device": "cpu"}
+    assert (serving.host, serving.port, serving.public_host, serving.token) == (
+        "0.0.0.0",
+        6000,
+        "trainer.lan",
+        "t0k",
+    )
+    err = capsys.readouterr().err
+    for key, new in [
+        ("sampling", "trainer.serving.sampling"),
+        ("engine_options", "trainer.serving.engine"),
+        ("gateway", "trainer.serving.host, trainer.serving.token"),
+        ("gateway_port", "trainer.serving.port"),
+        ("public_host", "trainer.serving.public_host"),
+    ]:
+        assert f"agl train: trainer.{key} is deprecated; use {new}" in err, (key, err)
+    assert run.resolved["trainer"]["serving"]["port"] == 6000 and "gateway" not in run.resolved["trainer"]
+    with pytest.raises(ConfigProblem, match="trainer.gateway_port and trainer.serving.port say the same"):
+        plan(
+            merge(
+                None,
+                {"algorithm": "grpo"},
+                ["grpo.model_path=m", "trainer.serving.port=1", "trainer.gateway_port=2"],
+            )
+        )
 
 
 def test_apo_builds_its_llm_endpoints_and_keeps_their_keys_out_of_the_saved_config(tmp_path: Path) -> None:

@@ -136,9 +136,10 @@ def test_grpo_lora_fit_on_two_vllm_replicas(tiny_path: Path, tmp_path: Path) -> 
         seed=0,
     )
     engine = VllmEngine(replicas=2, python=str(python), dtype="float32", max_model_len=512)
-    result = agl.Trainer(algorithm=GRPO(config), n_runners=4, output_dir=str(tmp_path), engine=engine).fit(
-        hash_agent, ["a", "b", "c"], ["v"]
+    trainer = agl.Trainer(
+        GRPO(config), n_runners=4, output_dir=str(tmp_path), serving=agl.Serving(engine=engine)
     )
+    result = trainer.fit(hash_agent, ["a", "b", "c"], ["v"])
     assert len(result["history"]) == 2 and all(row["trained_tokens"] > 0 for row in result["history"])
 
     from agl.store.sqlite import SqliteLightningStore

@@ -122,7 +122,7 @@ def test_runner_in_a_namespace_trains_through_store_and_gateway_across_the_veth(
             n_runners=0,
             store=server.url,
             output_dir=str(tmp_path / "out"),
-            gateway_host=netns.host_ip,
+            serving=agl.Serving(host=netns.host_ip),
         )
         calls = trainer.fit(agl.rollout(lambda task: 0.0), ["a", "b", "c"])
         assert calls == [1, 1, 1]  # each rollout's model call went through the gateway and was recorded

@@ -208,10 +208,12 @@ def test_the_published_llm_endpoint_names_a_host_remote_runners_can_reach() -> N
     gateway = SimpleNamespace(
         endpoint_template="http://0.0.0.0:8123/rollout/{rollout_id}/attempt/{attempt_id}/v1"
     )
-    wildcard = agl.Trainer(gateway_host="0.0.0.0")
+    wildcard = agl.Trainer(serving=agl.Serving(host="0.0.0.0"))
     assert _public_endpoint(gateway, wildcard) == (
         f"http://{socket.getfqdn()}:8123/rollout/{{rollout_id}}/attempt/{{attempt_id}}/v1"
     )
-    named = agl.Trainer(gateway_host="0.0.0.0", public_host="trainer.lan")
+    named = agl.Trainer(serving=agl.Serving(host="0.0.0.0", public_host="trainer.lan"))
     assert _public_endpoint(gateway, named).startswith("http://trainer.lan:8123/rollout/")
-    assert _public_endpoint(gateway, agl.Trainer(public_host="fd00::1")).startswith("http://[fd00::1]:8123/")
+    assert _public_endpoint(gateway, agl.Trainer(serving=agl.Serving(public_host="fd00::1"))).startswith(
+        "http://[fd00::1]:8123/"
+    )

@@ -15,7 +15,6 @@ import agl
 from agl.algorithm.base import Algorithm, TrainingContext
 from agl.errors import ConfigError
 from agl.models import tiny_model
-from agl.trainer import GatewaySettings
 from agl.trainer.fit import gateway_client_token
 
 USER = [{"role": "user", "content": "hi"}]
@@ -66,12 +65,11 @@ class ProbeTheGateway(Algorithm):
 _FIT_ON_A_STORE_SERVER = """
 import json
 import agl
-from agl.trainer import GatewaySettings
 from tests.trainer.test_serving import ProbeTheGateway, keyed_agent
 
 if __name__ == "__main__":
-    gateway = GatewaySettings(host="0.0.0.0", public_host="127.0.0.1")  # beyond loopback, no token given
-    trainer = agl.Trainer(algorithm=ProbeTheGateway(), n_runners=2, store={url!r}, output_dir={out!r}, gateway=gateway)
+    serving = agl.Serving(host="0.0.0.0", public_host="127.0.0.1")  # beyond loopback, no token given
+    trainer = agl.Trainer(algorithm=ProbeTheGateway(), n_runners=2, store={url!r}, output_dir={out!r}, serving=serving)
     print("RESULT", json.dumps(trainer.fit(keyed_agent, ["a", "b"])))
 """
 
@@ -118,21 +116,20 @@ def test_fit_guards_its_gateway_beyond_loopback_and_closes_every_client(tmp_path
     assert "Unclosed" not in done.stderr and "ResourceWarning" not in done.stderr, done.stderr[-3000:]
 
 
-def test_gateway_settings_and_the_old_keywords() -> None:
-    assert gateway_client_token(GatewaySettings()) is None  # loopback: model routes stay open, as before
-    assert gateway_client_token(GatewaySettings(host="::1")) is None
-    assert (
-        gateway_client_token(GatewaySettings(host="localhost", token="t")) == "t"
-    )  # chosen: on loopback too
-    assert gateway_client_token(GatewaySettings(host="10.1.2.3", token="mine")) == "mine"
-    assert not GatewaySettings(host="trainer.lan").loopback
-    old = agl.Trainer(gateway_host="0.0.0.0", gateway_port=8123, public_host="trainer.lan")
-    assert old.gateway == GatewaySettings(host="0.0.0.0", port=8123, public_host="trainer.lan")
-    assert (old.gateway_host, old.gateway_port, old.public_host) == ("0.0.0.0", 8123, "trainer.lan")
-    assert "token" not in repr(GatewaySettings(token="secret-value")).replace("token=", "")
-    assert "secret-value" not in repr(GatewaySettings(token="secret-value"))
-    with pytest.raises(ConfigError, match="not both"):
-        agl.Trainer(gateway=GatewaySettings(), gateway_host="0.0.0.0")
+def test_serving_settings_and_the_old_keywords() -> None:
+    assert gateway_client_token(agl.Serving()) is None  # loopback: model routes stay open, as before
+    assert gateway_client_token(agl.Serving(host="::1")) is None
+    assert gateway_client_token(agl.Serving(host="localhost", token="t")) == "t"  # chosen: on loopback too
+    assert gateway_client_token(agl.Serving(host="10.1.2.3", token="mine")) == "mine"
+    assert not agl.Serving(host="trainer.lan").loopback
+    with pytest.warns(DeprecationWarning):
+        old = agl.Trainer(gateway_host="0.0.0.0", gateway_port=8123, public_host="trainer.lan")
+    assert old.serving == agl.Serving(host="0.0.0.0", port=8123, public_host="trainer.lan")
+    assert (old.serving.host, old.serving.port, old.serving.public_host) == ("0.0.0.0", 8123, "trainer.lan")
+    assert "token" not in repr(agl.Serving(token="secret-value")).replace("token=", "")
+    assert "secret-value" not in repr(agl.Serving(token="secret-value"))
+    with pytest.raises(ConfigError, match="not both"), pytest.warns(DeprecationWarning):
+        agl.Trainer(gateway=agl.Serving(), gateway_host="0.0.0.0")
 
 
 class WriteOne(Algorithm):
