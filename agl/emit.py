@@ -110,7 +110,7 @@ def emit_reward(
     span = _emit(sc.SPAN_REWARD, attrs, local=local, tags=tags)
     ctx = current_rollout(required=False)
     if ctx is not None:
-        ctx.extra["last_reward"] = primary
+        ctx.last_reward = primary
     return span
 
 

@@ -21,6 +21,7 @@ bearer token on the Messages route. ``/health`` is always open.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import re
@@ -31,24 +32,28 @@ from typing import Any
 import orjson
 
 from agl import semconv as sc
-from agl.errors import GatewayError, NotFoundError
+from agl.errors import GatewayError, NotFoundError, StoreUnavailableError
 from agl.gateway import anthropic
 from agl.gateway.config import GatewayConfig, UpstreamConfig
 from agl.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from agl.gateway.proxy import Forwarder
-from agl.gateway.recording import CallRecord, SpanBatcher, now_ns
+from agl.gateway.recording import CallRecord, build_span, now_ns
 from agl.gateway.upstreams import UpstreamPool
 from agl.gateway.validation import API_PATHS, HTTPError, parse_request, traceparent
 from agl.schemas.rollout import RolloutCreate
+from agl.schemas.span import Span
 from agl.semconv import AGENT_NAME
 from agl.serving import BackgroundServer
 from agl.store.base import LightningStore
+from agl.tracer.writer import SpanWriter
 
 logger = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 _JSON = [(b"content-type", b"application/json")]
 _MAX_BODY = 64 * 1024 * 1024
+#: on shutdown, how long recorded spans may still wait for an unreachable store before they count failed
+_CLOSE_TIMEOUT_S = 5.0
 
 
 class Gateway:
@@ -87,7 +92,18 @@ class Gateway:
         self._attribution: dict[tuple[str, str], tuple[str, str | None]] = {}
         self._unattributed: tuple[str, str] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._batcher: SpanBatcher | None = None
+        self._started = False
+        # one writer for the gateway's life: its counters survive restarts; backoff is capped low (one
+        # request every 2 s at most while the store is down) so spans flow again soon after it returns
+        self.spans = SpanWriter(
+            store,
+            who="gateway",
+            queue_size=self.config.queue_size,
+            batch_size=self.config.batch_size,
+            deadline_s=self.config.span_deadline_s,
+            backoff_s=0.2,
+            max_backoff_s=2.0,
+        )
         self._server = BackgroundServer(
             self.app, host=host, port=port, interface="asgi3", proxy_headers=False
         )
@@ -123,27 +139,24 @@ class Gateway:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _runtime(self) -> SpanBatcher:
-        """The upstream session, recorder and health task, created on first use in the serving loop."""
-        if self._batcher is None:
-            cfg = self.config
+    def _runtime(self) -> None:
+        """The upstream session and health task, opened on first use in the serving loop."""
+        if not self._started:
+            self._started = True
             self._loop = asyncio.get_running_loop()
             self.forwarder.open()
-            self._batcher = SpanBatcher(
-                self.store,
-                queue_size=cfg.queue_size,
-                batch_size=cfg.batch_size,
-                on_usage=self.metrics.add_tokens,
-            )
-            self._batcher.start()
-        return self._batcher
+
+    def _span(self, record: CallRecord) -> Span:
+        """Build a call's span on the writer's task, counting its tokens (so metrics cover recorded calls)."""
+        span = build_span(record)
+        self.metrics.add_tokens(span.attributes.get(sc.LLM_USAGE))
+        return span
 
     async def aclose(self) -> None:
         """Flush recorded spans and close upstream connections (the lifespan shutdown calls this)."""
-        if self._batcher is not None:
-            await self._batcher.aclose()
+        await self.spans.aclose(timeout_s=_CLOSE_TIMEOUT_S)
         await self.forwarder.aclose()
-        self._batcher = self._loop = None
+        self._started, self._loop = False, None
         from agl.store.client import LightningStoreClient
 
         if isinstance(
@@ -184,18 +197,18 @@ class Gateway:
         await self._on_loop(self._flush)
 
     async def _flush(self) -> None:
-        if self._batcher is not None:
-            await self._batcher.flush()
+        await self.spans.flush()
 
     def stats(self) -> dict[str, Any]:
-        b = self._batcher
+        w = self.spans.stats
         return {
             "paused": self.paused,
             "inflight": self.inflight,
-            "recorded_spans": b.recorded if b else 0,
-            "dropped_spans": b.dropped if b else 0,
-            "failed_spans": b.failed if b else 0,
-            "queued_spans": b.queue.qsize() if b else 0,
+            "recorded_spans": w.written,
+            "dropped_spans": w.dropped,
+            "failed_spans": w.failed,
+            "queued_spans": self.spans.queued,
+            "span_store_errors": w.store_errors,
             "upstreams": [
                 {
                     "backend": r.config.backend,
@@ -346,7 +359,7 @@ class Gateway:
                 code="gateway_paused",
                 headers=[(b"retry-after", str(self.config.retry_after_s).encode())],
             )
-        batcher = self._runtime()
+        self._runtime()
         self.inflight += 1
         began, status, upstream_s = time.perf_counter(), 500, None
         try:
@@ -412,7 +425,7 @@ class Gateway:
             finally:
                 if record is not None:
                     record.end_ns = record.end_ns or now_ns()
-                    batcher.submit(record)
+                    self.spans.submit(functools.partial(self._span, record))
         except HTTPError as exc:
             status = exc.status
             raise
@@ -442,6 +455,14 @@ class Gateway:
         except NotFoundError:
             raise HTTPError(
                 404, f"unknown rollout {rollout_id!r}", param="rollout_id", code="rollout_not_found"
+            ) from None
+        except StoreUnavailableError as exc:  # calls of attempts seen before go on; new ones must wait
+            raise HTTPError(
+                503,
+                f"the store is unreachable, so the call cannot be attributed to rollout {rollout_id!r}; "
+                f"retry after {self.config.retry_after_s} s ({exc})",
+                code="store_unavailable",
+                headers=[(b"retry-after", str(self.config.retry_after_s).encode())],
             ) from None
         if attempt_id == "latest":
             if not attempts:

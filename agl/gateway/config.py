@@ -83,4 +83,7 @@ class GatewayConfig(BaseModel):
         10_000, ge=1, description="Spans waiting for the store; beyond it they are dropped."
     )
     batch_size: int = Field(256, ge=1)
+    span_deadline_s: float = Field(
+        600.0, gt=0, description="How long spans wait through a store outage before they count failed."
+    )
     attribution_cache_size: int = Field(10_000, ge=0)

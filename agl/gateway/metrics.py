@@ -40,6 +40,11 @@ class _StateCollector(Collector):
         for outcome in ("recorded", "dropped", "failed"):
             spans.add_metric([outcome], s[f"{outcome}_spans"])
         yield spans
+        yield CounterMetricFamily(
+            "agl_gateway_span_store_errors",
+            "Failed span writes to the store (each retry through an outage counts).",
+            value=s["span_store_errors"],
+        )
         yield GaugeMetricFamily(
             "agl_gateway_span_queue", "Spans waiting to be written to the store.", value=s["queued_spans"]
         )

@@ -1,17 +1,16 @@
-"""Turn a proxied call into one ``agl.llm.call`` span, and write spans to the store in the background.
+"""Turn a proxied call into one ``agl.llm.call`` span.
 
-The request path only captures raw data (:class:`CallRecord`); parsing, secret scrubbing and span
-building happen in :class:`SpanBatcher`'s task, which batches into ``store.add_spans``. A full queue
-drops the span (counted, logged once) rather than slow or fail the agent's call.
+The request path only captures raw data (:class:`CallRecord`); parsing, secret scrubbing and
+:func:`build_span` run later on the gateway's :class:`agl.tracer.writer.SpanWriter` task, which batches
+the spans into the store and rides out store outages. A full queue drops the span (counted) rather
+than slow or fail the agent's call.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from secrets import token_hex
 from typing import Any
@@ -21,7 +20,6 @@ import orjson
 from agl import semconv as sc
 from agl.gateway.streaming import assemble
 from agl.schemas.span import Span, SpanKind, SpanStatus, StatusCode
-from agl.store.base import LightningStore
 
 logger = logging.getLogger(__name__)
 
@@ -257,94 +255,6 @@ def build_span(record: CallRecord) -> Span:
         resource={},
         sequence_id=None,
     )
-
-
-class SpanBatcher:
-    """A bounded queue of call records and the task that builds spans and writes them in batches."""
-
-    def __init__(
-        self,
-        store: LightningStore,
-        *,
-        queue_size: int,
-        batch_size: int,
-        on_usage: Callable[[Any], None] | None = None,
-    ) -> None:
-        self.store = store
-        self.on_usage = on_usage  # sees each built span's usage (the gateway's token metrics)
-        self.batch_size = batch_size
-        self.queue: asyncio.Queue[CallRecord] = asyncio.Queue(queue_size)
-        self.recorded = 0
-        self.dropped = 0
-        self.failed = 0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="agl-gateway-recorder")
-
-    def submit(self, record: CallRecord) -> None:
-        """Queue a record; never blocks or raises."""
-        try:
-            self.queue.put_nowait(record)
-        except asyncio.QueueFull:
-            self.dropped += 1
-            if self.dropped == 1:
-                logger.warning(
-                    "gateway span queue is full (%d); dropping spans (counted in stats)", self.queue.maxsize
-                )
-
-    async def flush(self) -> None:
-        """Return once every record queued so far is in the store (or counted as failed)."""
-        if self._task is not None:
-            await self.queue.join()
-
-    async def _run(self) -> None:
-        while True:
-            batch = [await self.queue.get()]
-            while len(batch) < self.batch_size and not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-            try:
-                await self._write(batch)
-            finally:
-                for _ in batch:
-                    self.queue.task_done()
-
-    async def _write(self, batch: list[CallRecord]) -> None:
-        spans: list[Span] = []
-        for i, record in enumerate(batch):
-            if i and i % 32 == 0:
-                await asyncio.sleep(0)  # a big batch must not stall the calls sharing this loop
-            try:
-                spans.append(build_span(record))
-                if self.on_usage is not None:
-                    self.on_usage(spans[-1].attributes.get(sc.LLM_USAGE))
-            except Exception:  # a bug here must not kill the recorder
-                self.failed += 1
-                logger.exception("could not build the span of a %s call", record.api)
-        try:
-            await self.store.add_spans(spans)
-            self.recorded += len(spans)
-            return
-        except Exception:
-            logger.debug("batch write failed; retrying span by span", exc_info=True)
-        for span in spans:  # one bad span (a rollout deleted meanwhile) must not lose the others
-            try:
-                await self.store.add_spans([span])
-                self.recorded += 1
-            except Exception as exc:
-                self.failed += 1
-                logger.warning("could not record a gateway span for rollout %s: %s", span.rollout_id, exc)
-
-    async def aclose(self) -> None:
-        await self.flush()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
 
 
 def now_ns() -> int:

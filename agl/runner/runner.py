@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import socket
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from typing import Any
 from agl.agent.base import LitAgent, scoped_llm
 from agl.emit import emit_exception, emit_reward
 from agl.errors import AglError, StaleAttemptError, StoreUnavailableError
-from agl.runner.outage import GaveUp, StoreOutage
 from agl.schemas import (
     LLM,
     AttemptedRollout,
@@ -37,6 +35,7 @@ from agl.schemas import (
 )
 from agl.store.base import LightningStore
 from agl.tracer.context import RolloutContext, rollout_context, suppressed
+from agl.tracer.writer import GaveUp, SpanTally, SpanWriter, StoreOutage, WriterStats
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +68,18 @@ class AttemptOutcome:
 class _Stats:
     finished: int = 0
     outcomes: list[AttemptOutcome] = field(default_factory=list)
-    #: failed ``add_spans`` calls, and spans given up on after the final retries
-    span_export_errors: int = 0
-    spans_lost: int = 0
+    #: the span writer's counters (written, dropped, failed, store errors)
+    spans: WriterStats = field(default_factory=WriterStats)
+
+    @property
+    def span_export_errors(self) -> int:
+        """Failed ``add_spans`` calls, each retry counted."""
+        return self.spans.store_errors
+
+    @property
+    def spans_lost(self) -> int:
+        """Spans given up on: rejected by the store, or unreachable past ``report_timeout_s``."""
+        return self.spans.failed + self.spans.dropped
 
 
 async def _call_hook(hook: Hook | None, *args: Any) -> None:
@@ -100,6 +108,8 @@ class Runner:
             ``max_store_backoff_s`` (with jitter), for as long as it takes; claiming resumes after.
         report_timeout_s: how long a finished attempt keeps trying to report its spans and status to
             an unreachable store before it gives them up.
+        flush_every: an attempt's buffered spans go to the span writer once this many are waiting (and
+            all of them when it ends); the writer batches them with other attempts' spans.
     """
 
     def __init__(
@@ -136,12 +146,14 @@ class Runner:
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="agl-agent")
         self.report_timeout_s = report_timeout_s
         self.outage = StoreOutage(
-            self.worker_id, backoff_s=store_backoff_s, max_backoff_s=max_store_backoff_s
+            f"runner {self.worker_id}", backoff_s=store_backoff_s, max_backoff_s=max_store_backoff_s
         )
+        #: every span of every attempt reaches the store through this writer
+        self.spans = SpanWriter(store, outage=self.outage, deadline_s=report_timeout_s)
         self._stopping: asyncio.Event | None = None  # created on the running loop
         self._stop_requested = False  # a stop() before run() starts is honoured
         self._resources_cache: dict[str, ResourcesVersion] = {}
-        self.stats = _Stats()
+        self.stats = _Stats(spans=self.spans.stats)
 
     # ----- the claim loop ------------------------------------------------------------------
     async def run(
@@ -186,6 +198,16 @@ class Runner:
             self._stop_requested = False
             if self.handle_signals:
                 self._remove_signal_handlers()
+            await self.spans.aclose()  # every attempt has waited for its spans: this only stops the task
+            s = self.stats.spans
+            log.info(
+                "runner %s: spans written %d, failed %d, dropped %d; failed store writes %d",
+                self.worker_id,
+                s.written,
+                s.failed,
+                s.dropped,
+                s.store_errors,
+            )
         return self.stats.outcomes[first:]
 
     async def _register(self) -> None:
@@ -321,7 +343,9 @@ class Runner:
             name: scoped_llm(r, rollout.rollout_id, attempt.attempt_id) if isinstance(r, LLM) else r
             for name, r in (version.resources if version else {}).items()
         }
-        ctx = RolloutContext(rollout=rollout, attempt=attempt, resources=version, agent_name=self.agent.name)
+        # an unnamed agent is known by its function's or class's name (the dashboard lists it)
+        agent_name = self.agent.name or getattr(self.agent, "__name__", None) or type(self.agent).__name__
+        ctx = RolloutContext(rollout=rollout, attempt=attempt, resources=version, agent_name=agent_name)
         await _call_hook(self.hooks.on_rollout_start, ctx)
         outcome = await self._execute(ctx, resources)
         self.stats.outcomes.append(outcome)
@@ -334,7 +358,8 @@ class Runner:
         with rollout_context(ctx):
             agent_task = asyncio.ensure_future(self._traced(ctx, resources))
         heartbeat = asyncio.create_task(self._heartbeat(ctx, agent_task))
-        flusher = asyncio.create_task(self._flush_periodically(ctx))
+        tally, finished = SpanTally(), asyncio.Event()
+        flusher = asyncio.create_task(self._flush_periodically(ctx, tally, finished))
         status, error, reward = AttemptStatus.SUCCEEDED, None, None
         try:
             result = await asyncio.wait_for(agent_task, ctx.rollout.retry.timeout_s)
@@ -346,20 +371,20 @@ class Runner:
                 f"the agent ran past timeout_s={ctx.rollout.retry.timeout_s}",
             )
         except asyncio.CancelledError:
-            if not heartbeat.done() and not ctx.extra.get("superseded"):
+            if not heartbeat.done() and ctx.superseded is None:
                 status, error = AttemptStatus.FAILED, "runner shut down before the agent finished"
             else:
-                status, error = AttemptStatus.FAILED, ctx.extra.get("superseded", "cancelled")
+                status, error = AttemptStatus.FAILED, ctx.superseded or "cancelled"
         except Exception as exc:
             status, error = AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}"
             with rollout_context(ctx):
                 emit_exception(exc)
         finally:
             heartbeat.cancel()
-            flusher.cancel()
-        await self._flush(ctx, final=True)
-        spans = int(ctx.extra.get("spans_stored", 0))
-        if not ctx.extra.get("superseded"):
+            finished.set()  # the flusher ends after the hand-over in progress, so no span is dropped
+        await asyncio.gather(flusher, return_exceptions=True)
+        spans = await self._flush(ctx, tally)
+        if ctx.superseded is None:
 
             async def report() -> Any:
                 with suppressed():
@@ -384,7 +409,7 @@ class Runner:
     def _record_result(ctx: RolloutContext, result: Any) -> float | None:
         """A returned number becomes the final reward span; returned spans are stored as they are."""
         if result is None:
-            return _last_reward(ctx)
+            return ctx.last_reward
         if isinstance(result, (int, float)) and not isinstance(result, bool):
             emit_reward(float(result))
             return float(result)
@@ -393,7 +418,7 @@ class Runner:
                 ctx.buffer.add(
                     span.model_copy(update={"rollout_id": ctx.rollout_id, "attempt_id": ctx.attempt_id})
                 )
-            return _last_reward(ctx)
+            return ctx.last_reward
         raise TypeError(
             f"an agent returns None, a float reward or a list of spans, not {type(result).__name__}"
         )
@@ -405,7 +430,7 @@ class Runner:
                 with suppressed():
                     rollout = await self.store.heartbeat(ctx.rollout_id, ctx.attempt_id)
             except StaleAttemptError as exc:
-                ctx.extra["superseded"] = str(exc)
+                ctx.superseded = str(exc)
                 agent_task.cancel()
                 return
             except StoreUnavailableError as exc:
@@ -416,64 +441,30 @@ class Runner:
                 continue
             self.outage.succeeded()
             if rollout.status == RolloutStatus.CANCELLED:
-                ctx.extra["superseded"] = "rollout cancelled"
+                ctx.superseded = "rollout cancelled"
                 agent_task.cancel()
                 return
 
-    async def _flush_periodically(self, ctx: RolloutContext) -> None:
-        while True:
-            await asyncio.sleep(0.2)
-            if len(ctx.buffer) >= self.flush_every:
-                await self._flush(ctx)
+    async def _flush_periodically(
+        self, ctx: RolloutContext, tally: SpanTally, finished: asyncio.Event
+    ) -> None:
+        """While the attempt runs, hand its buffered spans to the writer once ``flush_every`` are waiting."""
+        while not finished.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(finished.wait(), 0.2)
+            if not finished.is_set() and len(ctx.buffer) >= self.flush_every:
+                await self.spans.put(ctx.buffer.take(), tally)
 
-    async def _flush(self, ctx: RolloutContext, *, final: bool = False) -> int:
-        """Write the buffered spans; a failed periodic write keeps them for the next one.
+    async def _flush(self, ctx: RolloutContext, tally: SpanTally) -> int:
+        """Hand the attempt's last spans to the writer and wait until all its spans are stored or given up.
 
-        The final write retries: through a store outage for up to ``report_timeout_s``, other errors
-        three times; then the spans are counted lost.
+        The writer rides out a store outage for up to ``report_timeout_s``; returns the spans stored.
         """
-        spans = ctx.buffer.take()
-        if not spans:
-            return 0
-        started, errors, failures = time.monotonic(), 0, 0
-        while True:
-            try:
-                with suppressed():
-                    await self.store.add_spans(spans)
-            except StoreUnavailableError as exc:  # an outage: quiet, the outage tracker logs it once
-                self.stats.span_export_errors += 1
-                self.outage.failed(f"storing spans of attempt {ctx.attempt_id}", exc)
-                if final and time.monotonic() - started < self.report_timeout_s:
-                    failures += 1
-                    await asyncio.sleep(self.outage.delay(failures - 1))
-                    continue
-            except Exception:  # any other store failure: telemetry never breaks the attempt
-                self.stats.span_export_errors += 1
-                errors += 1
-                log.warning(
-                    "could not store %d spans of attempt %s", len(spans), ctx.attempt_id, exc_info=True
-                )
-                if final and errors < 3:
-                    await asyncio.sleep(0.1 * 2**errors)
-                    continue
-            else:
-                self.outage.succeeded()
-                ctx.extra["spans_stored"] = ctx.extra.get("spans_stored", 0) + len(spans)
-                return len(spans)
-            break
-        if not final:
-            for span in spans:
-                ctx.buffer.add(span)
-            return 0
-        self.stats.spans_lost += len(spans)
-        log.error("gave up storing %d spans of attempt %s; they are lost", len(spans), ctx.attempt_id)
-        return 0
+        await self.spans.put(ctx.buffer.take(), tally)
+        await self.spans.flush()
+        if tally.failed:
+            log.error("gave up storing %d spans of attempt %s; they are lost", tally.failed, ctx.attempt_id)
+        return tally.written
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def _last_reward(ctx: RolloutContext) -> float | None:
-    """The primary value of the last reward the agent emitted in this attempt, if any."""
-    value = ctx.extra.get("last_reward")
-    return None if value is None else float(value)

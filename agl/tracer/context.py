@@ -13,7 +13,6 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from agl.errors import NoActiveRolloutError
 from agl.schemas import Attempt, ResourcesVersion, Rollout, Span
@@ -76,7 +75,10 @@ class RolloutContext:
     buffer: SpanBuffer = field(default_factory=SpanBuffer)
     trace_id: str | None = None
     agent_name: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: the primary value of the last reward the agent emitted (``agl.emit_reward``); a None return reports it
+    last_reward: float | None = None
+    #: set by the runner when the attempt was superseded or its rollout cancelled: why it stopped the agent
+    superseded: str | None = None
 
     @property
     def rollout_id(self) -> str:

@@ -1,18 +1,20 @@
-"""Span building (secrets scrubbed, failed calls recorded) and the background batcher (never blocks, counts drops)."""
+"""Span building (secrets scrubbed, failed calls recorded) and the gateway's use of the span writer (never blocks, counts drops)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 
 import orjson
 
 from agl import semconv as sc
-from agl.gateway.recording import CallRecord, SpanBatcher, build_span
+from agl.gateway.recording import CallRecord, build_span
 from agl.schemas import LLMCall
 from agl.schemas.rollout import RolloutCreate
 from agl.schemas.span import Span, StatusCode
 from agl.store import InMemoryLightningStore
+from agl.tracer.writer import SpanWriter
 
 
 def record(rid: str, aid: str, **fields: object) -> CallRecord:
@@ -63,27 +65,32 @@ class GatedStore(InMemoryLightningStore):
     def __init__(self) -> None:
         super().__init__(watchdog_interval_s=0)
         self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        self.entered.set()
         await self.gate.wait()
         return await super().add_spans(spans)
 
 
-async def test_batcher_drops_when_full_and_flushes_the_rest() -> None:
+async def test_writer_drops_call_records_when_full_and_flushes_the_rest() -> None:
     store = GatedStore()
     started = await store.start_rollout(RolloutCreate())
     rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
-    batcher = SpanBatcher(store, queue_size=2, batch_size=10)
-    batcher.start()
-    batcher.submit(record(rid, aid))
-    await asyncio.sleep(0.05)  # the first is taken by the writer, which now waits on the gate
+    writer = SpanWriter(store, queue_size=2, batch_size=10)
+    assert writer.submit(functools.partial(build_span, record(rid, aid)))
+    await asyncio.wait_for(
+        store.entered.wait(), 10
+    )  # the first is taken by the writer, now waiting on the gate
     for _ in range(5):
-        batcher.submit(record(rid, aid))  # returns at once even though the store is stuck
-    assert batcher.dropped == 3
+        writer.submit(functools.partial(build_span, record(rid, aid)))  # returns at once: the store is stuck
+    assert writer.stats.dropped == 3
     store.gate.set()
-    await batcher.flush()
-    assert batcher.recorded == 3 and len((await store.query_spans(rollout_id=rid)).items) == 3
-    batcher.submit(record("unknown-rollout", "a"))  # a span the store rejects is counted, not fatal
-    batcher.submit(record(rid, aid))
-    await batcher.aclose()
-    assert batcher.failed == 1 and batcher.recorded == 4
+    await writer.flush()
+    assert writer.stats.written == 3 and len((await store.query_spans(rollout_id=rid)).items) == 3
+    writer.submit(
+        functools.partial(build_span, record("unknown-rollout", "a"))
+    )  # rejected: counted, not fatal
+    writer.submit(functools.partial(build_span, record(rid, aid)))
+    await writer.aclose()
+    assert writer.stats.failed == 1 and writer.stats.written == 4

@@ -11,9 +11,9 @@ import pytest
 
 import agl
 from agl.errors import StoreUnavailableError
-from agl.runner.outage import GaveUp, StoreOutage
 from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate, RolloutStatus
 from agl.store.client import LightningStoreClient
+from agl.tracer.writer import GaveUp, StoreOutage
 from tests.runner.store_process import StoreProcess
 
 OUTAGE_S = 4.0  # the client below gives up after ~0.15 s, so this is ~25 times its retry window
@@ -24,7 +24,7 @@ OUTAGE_S = 4.0  # the client below gives up after ~0.15 s, so this is ~25 times 
 async def test_runner_survives_a_store_restart_and_finishes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="agl.runner.outage")
+    caplog.set_level(logging.WARNING, logger="agl.tracer.writer")
     server = StoreProcess(tmp_path / "store.db")
     await asyncio.to_thread(server.start)
     client = LightningStoreClient(server.url, retries=1, backoff_s=0.05, timeout_s=5)
@@ -76,7 +76,7 @@ async def test_runner_survives_a_store_restart_and_finishes(
     finally:
         await client.aclose()
         server.stop()
-    messages = [r.getMessage() for r in caplog.records if r.name == "agl.runner.outage"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "agl.tracer.writer"]
     assert sum("store unreachable" in m for m in messages) == 1, messages  # once per state change
     assert sum("reachable again" in m for m in messages) == 1, messages
 
