@@ -72,7 +72,11 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def _unwrap(policy: Any) -> Any:
-    """The in-process Policy (a data-parallel handle keeps rank 0's as ``.policy``)."""
+    """The in-process Policy (a data-parallel handle keeps rank 0's as ``.policy``; a sharded one
+    gathers the weights into an unsharded copy)."""
+    gathered = getattr(type(policy), "gathered_policy", None)
+    if gathered is not None:
+        return gathered(policy)
     inner = getattr(policy, "policy", None)
     return inner if inner is not None and hasattr(inner, "model") else policy
 

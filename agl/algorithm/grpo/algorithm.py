@@ -70,7 +70,10 @@ class GRPOConfig:
     async_rollouts: bool = False
     max_staleness: int = 1
     world_size: int = 1  # > 1: data-parallel policy steps over torch.distributed (grpo/distributed.py)
-    device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Trainer(engine_options)
+    # "fsdp": the world_size ranks shard parameters, gradients and optimizer state with FSDP2 (bf16
+    # compute on CUDA) instead of each holding the full model (agl/algorithm/sharding.py)
+    sharding: Literal["none", "fsdp"] = "none"
+    device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Serving(engine=BuiltinEngine(...))
     # every rollout of the baseline evaluation or the first step failed: stop with the first error
     stop_on_all_failed: bool = True
 
@@ -85,6 +88,12 @@ class GRPOConfig:
         if self.max_staleness < 0 or self.world_size < 1:
             raise ConfigError(
                 f"max_staleness >= 0 and world_size >= 1 needed, got {self.max_staleness}, {self.world_size}"
+            )
+        if self.sharding not in ("none", "fsdp"):
+            raise ConfigError(f"GRPOConfig(sharding=...) must be 'none' or 'fsdp', got {self.sharding!r}")
+        if self.sharding == "fsdp" and self.world_size < 2:
+            raise ConfigError(
+                f'GRPOConfig(sharding="fsdp") shards over ranks: set world_size >= 2, got {self.world_size}'
             )
         if self.credit not in ("final", "per_call"):
             raise ConfigError(f"credit must be 'final' or 'per_call', got {self.credit!r}")

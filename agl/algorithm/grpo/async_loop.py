@@ -224,7 +224,7 @@ async def train_steps(
         from agl.algorithm.grpo.distributed import DistributedPolicy
 
         grpo.policy = await asyncio.to_thread(
-            DistributedPolicy.start, grpo.policy, cfg.world_size, checkpoint
+            DistributedPolicy.start, grpo.policy, cfg.world_size, checkpoint, cfg.sharding
         )
     out = Path(ctx.output_dir)
     failed = False

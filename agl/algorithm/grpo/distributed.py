@@ -8,6 +8,11 @@ gradient, for every aggregation. Every rank then clips and steps the same gradie
 stay identical without another broadcast. Gradients are reduced once per step rather than by DDP's
 per-backward hooks, because ranks run different numbers of micro-batches (shards differ in length).
 
+With ``sharding="fsdp"`` the same ranks start, and each then shards its policy with FSDP2
+(:mod:`agl.algorithm.sharding`): parameters, gradients and optimizer state are 1/N per rank, and the
+gathering calls (weights for the engine, checkpoints, exports) run on every rank through ``("call", ...)``
+messages.
+
 Two ways to start it: ``GRPOConfig(world_size=N)`` makes rank 0 spawn N-1 local worker processes
 (gloo on CPU, nccl with ``device="cuda"``); under ``torchrun`` every rank > 0 calls :func:`serve_worker`
 and rank 0 runs ``Trainer.fit`` with ``GRPOConfig(world_size=N)``, joining the group from the
@@ -96,7 +101,8 @@ def _free_port() -> int:
 class _Init:
     policy: Any  # PolicyConfig
     loss: LossConfig
-    optimizer_from: str | None  # a checkpoint folder whose optimizer.pt to load
+    optimizer_from: str | None  # a checkpoint folder whose optimizer.pt (or sharded state) to load
+    sharding: str = "none"  # "fsdp": every rank shards its policy (agl.algorithm.sharding)
 
 
 def _rank_device(device: str, rank: int) -> str:
@@ -135,6 +141,7 @@ def serve_worker(
     if init.optimizer_from:
         policy.load_optimizer(Path(init.optimizer_from))
     _sync_state(policy)
+    policy = _prepare(policy, init.sharding, init.optimizer_from)
     log.info("rank %d/%d ready (%s)", rank, dist.get_world_size(), device)
     try:
         while True:
@@ -143,6 +150,11 @@ def serve_worker(
                 policy.step(*message[1:])
             elif message[0] == "digest":
                 dist.all_gather_object([None] * dist.get_world_size(), _digest(policy))
+            elif message[0] == "call":  # a collective method of the sharded policy
+                _, name, args, gather = message
+                result = getattr(policy, name)(*args)
+                if gather:
+                    dist.all_gather_object([None] * dist.get_world_size(), result)
             else:
                 break
     finally:
@@ -174,6 +186,16 @@ def _sync_state(policy: Any) -> None:
     dist.broadcast_object_list(box, src=0)
     if dist.get_rank() != 0:
         policy.optimizer.load_state_dict(box[0])
+
+
+def _prepare(policy: Any, sharding: str, checkpoint: str | None) -> Any:
+    """After the ranks hold the same state: shard it (FSDP2) or mark it for summed gradients."""
+    if sharding == "fsdp":
+        from agl.algorithm.sharding import ShardedPolicy
+
+        return ShardedPolicy.adopt(policy, checkpoint)
+    policy.data_parallel = True
+    return policy
 
 
 def _digest(policy: Any) -> float:
@@ -245,14 +267,24 @@ class DistributedPolicy:
     ``DistributedPolicy.start(policy, world_size)`` spawns the other ranks (or joins a torchrun group).
     """
 
-    def __init__(self, policy: Any, processes: list[Any]) -> None:
+    def __init__(self, policy: Any, processes: list[Any], sharding: str = "none") -> None:
         self.policy = policy
+        self.sharding = sharding
         self._processes = processes
         self._closed = False
 
     @classmethod
-    def start(cls, policy: Any, world_size: int, optimizer_from: str | None = None) -> DistributedPolicy:
-        """Bring up ``world_size`` ranks around ``policy`` (this process is rank 0)."""
+    def start(
+        cls, policy: Any, world_size: int, optimizer_from: str | None = None, sharding: str = "none"
+    ) -> DistributedPolicy:
+        """Bring up ``world_size`` ranks around ``policy`` (this process is rank 0).
+
+        ``sharding="fsdp"``: every rank shards the policy (FSDP2); ``optimizer_from`` may then be a
+        checkpoint with a sharded state. ``"none"``: every rank keeps the full model (data parallel).
+        """
+        from agl.algorithm.sharding import check_sharding
+
+        check_sharding(sharding, world_size, "DistributedPolicy.start")
         if world_size < 2:
             raise ConfigError(f"DistributedPolicy needs world_size >= 2, got {world_size}")
         backend = backend_for(policy.config.device)
@@ -282,11 +314,60 @@ class DistributedPolicy:
                 f"a process group of {dist.get_world_size()} ranks (this is rank {dist.get_rank()}) is "
                 f"already up; world_size={world_size} must match it and run on rank 0"
             )
-        _send(("init", _Init(policy.config, policy.loss_config, optimizer_from)))
+        _send(("init", _Init(policy.config, policy.loss_config, optimizer_from, sharding)))
         _sync_state(policy)
-        policy.data_parallel = True
-        log.info("data-parallel training on %d ranks (%s)", world_size, backend)
-        return cls(policy, processes)
+        policy = _prepare(policy, sharding, optimizer_from)
+        log.info(
+            "%s training on %d ranks (%s)",
+            "sharded (FSDP2)" if sharding == "fsdp" else "data-parallel",
+            world_size,
+            backend,
+        )
+        return cls(policy, processes, sharding)
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharding == "fsdp"
+
+    def collective(self, name: str, *args: Any, gather: bool = False) -> Any:
+        """Call the policy's ``name(*args)`` on every rank (the sharded policy's gathering methods, or
+        e.g. ``"peak_memory"`` with ``gather=True``); returns rank 0's result, or every rank's in a list."""
+        _send(("call", name, args, gather))
+        result = getattr(self.policy, name)(*args)
+        if not gather:
+            return result
+        results: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(results, result)
+        return results
+
+    def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One SFT step on every rank (sharded only: data-parallel ranks would train rank 0 alone)."""
+        if not self.sharded:
+            raise ConfigError("SFT over several ranks needs sharding='fsdp'")
+        return dict(self.collective("sft_step", list(samples)))
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """The full weights for the engine (gathered from the shards when sharded)."""
+        if self.sharded:
+            return dict(self.collective("engine_weights"))
+        return dict(self.policy.engine_weights())
+
+    def save(self, path: Path) -> None:
+        """A checkpoint (sharded: every rank writes its shards, rank 0 a Hugging Face folder too)."""
+        if self.sharded:
+            self.collective("save", Path(path))
+        else:
+            self.policy.save(path)
+
+    def gathered_policy(self) -> Any:
+        """An unsharded policy for an export (``agl.algorithm.export``): rank 0's own or a gathered copy."""
+        return self.collective("gathered_policy") if self.sharded else self.policy
+
+    def memory_bytes(self) -> list[dict[str, int]]:
+        """Every rank's bytes of parameters, gradients and optimizer state (sharded only)."""
+        if not self.sharded:
+            raise ConfigError("memory_bytes reports the shards of sharding='fsdp'")
+        return list(self.collective("memory_bytes", gather=True))
 
     def step(
         self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
@@ -296,6 +377,8 @@ class DistributedPolicy:
 
     def check_in_sync(self) -> list[float]:
         """Every rank's parameter checksum; raises when a rank's parameters drifted from rank 0's."""
+        if self.sharded:
+            raise ConfigError("check_in_sync compares full copies: sharded ranks hold different shards")
         _send(("digest",))
         digests: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(digests, _digest(self.policy))
@@ -314,6 +397,9 @@ class DistributedPolicy:
         self._closed = True
         self.policy.data_parallel = False
         try:
+            if graceful and self.sharded:  # rank 0 keeps a plain policy holding the trained state
+                model_state, optim_state = self.collective("gather", True)
+                self.policy = self.policy.unshard(model_state, optim_state)
             if graceful:
                 _send(("stop",))
         finally:

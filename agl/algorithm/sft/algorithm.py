@@ -10,9 +10,10 @@ The final policy goes to ``OUT/model`` as a Hugging Face folder (:mod:`agl.algor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -62,6 +63,10 @@ class SFTConfig:
     # OUT/model-best; export_adapter also keeps a LoRA run's bare adapter in OUT/model-adapter
     export_model: bool = True
     export_adapter: bool = False
+    # > 1: the policy trains on world_size ranks (spawned processes, or torchrun: see
+    # agl.algorithm.grpo.distributed); SFT over ranks shards with FSDP2, so sharding="fsdp" is required
+    world_size: int = 1
+    sharding: Literal["none", "fsdp"] = "none"
     # a progress bar and a console line per step (metrics.csv and curve.png are always written)
     progress: bool = True
     rollout_timeout_s: float = 600.0
@@ -75,6 +80,13 @@ class SFTConfig:
             raise ConfigError("SFTConfig needs iterations, samples_per_task and batch_size >= 1")
         if self.epochs < 1:
             raise ConfigError(f"SFTConfig needs epochs >= 1, got {self.epochs}")
+        if self.sharding not in ("none", "fsdp"):
+            raise ConfigError(f"SFTConfig(sharding=...) must be 'none' or 'fsdp', got {self.sharding!r}")
+        if self.world_size < 1 or (self.sharding == "fsdp") != (self.world_size > 1):
+            raise ConfigError(
+                f"SFTConfig(world_size={self.world_size}, sharding={self.sharding!r}): SFT over ranks shards "
+                "with FSDP2, so set world_size >= 2 with sharding=\"fsdp\", or world_size=1 with sharding='none'"
+            )
         since, until = parse_time(self.since, "since"), parse_time(self.until, "until")
         if since is not None and until is not None and since > until:
             raise ConfigError(f"since ({self.since!r}) is after until ({self.until!r}): no rollout can match")
@@ -105,6 +117,29 @@ class SFT(Algorithm):
             seed=cfg.seed,
         )
 
+    @contextlib.asynccontextmanager
+    async def ranks(self) -> AsyncIterator[None]:
+        """With ``world_size > 1``, ``self.policy`` steps on every rank (sharded) inside the block;
+        afterwards rank 0 holds a plain policy with the trained weights again."""
+        cfg = self.config
+        if cfg.world_size < 2:
+            yield
+            return
+        from agl.algorithm.grpo.distributed import DistributedPolicy
+
+        self.policy = await asyncio.to_thread(
+            DistributedPolicy.start, self.policy, cfg.world_size, None, cfg.sharding
+        )
+        failed = False
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            await asyncio.to_thread(self.policy.close, not failed)
+            self.policy = self.policy.policy
+
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward of one validation rollout per task under ``resources_id``; failures score 0."""
         return (await validate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s))[0]
@@ -132,34 +167,36 @@ class SFT(Algorithm):
         if ctx.llm is None or ctx.sync_weights is None:
             raise ConfigError("SFT trains a local model: run it through Trainer.fit, which serves the model")
         self.policy = await asyncio.to_thread(Policy, self.policy_config(), LossConfig())
-        rng = random.Random(cfg.seed)
-        version = "v0"
-        seed = []
-        if warm_start:
-            seed = samples_from_messages(self.policy.tokenizer, list(warm_start), ctx.extra.get("tools"))
-            for start in range(0, len(seed), cfg.batch_size):
-                await asyncio.to_thread(self.policy.sft_step, seed[start : start + cfg.batch_size])
-            version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
-        resources_id = await ctx.publish(
-            {"llm": ctx.llm, "weights": ModelWeights(uri=cfg.model_path, version=version)}
-        )
-        before, failures = await validate(ctx, val, resources_id, timeout_s=cfg.rollout_timeout_s)
-        self._check(failures, "the baseline evaluation")
-        after = before
-        out = Path(ctx.output_dir)
-        self.best = BestExport(
-            out / BEST_DIR, enabled=cfg.export_model and bool(val), base_path=cfg.model_path
-        )
-        await asyncio.to_thread(self.best.offer, self.policy, before, iteration=0)
-        metrics = self._metrics_logger(ctx)
-        if val:
-            metrics.log(
-                0, {"iteration": 0, "val_reward": before, **failures.metrics("val_"), **failures.console()}
+        async with self.ranks():  # world_size > 1: every step on every rank (FSDP2 shards)
+            rng = random.Random(cfg.seed)
+            version = "v0"
+            seed = []
+            if warm_start:
+                seed = samples_from_messages(self.policy.tokenizer, list(warm_start), ctx.extra.get("tools"))
+                for start in range(0, len(seed), cfg.batch_size):
+                    await asyncio.to_thread(self.policy.sft_step, seed[start : start + cfg.batch_size])
+                version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
+            resources_id = await ctx.publish(
+                {"llm": ctx.llm, "weights": ModelWeights(uri=cfg.model_path, version=version)}
             )
-        try:
-            after = await self._iterate(ctx, train, val, rng, resources_id, version, metrics, after)
-        finally:
-            metrics.close()
+            before, failures = await validate(ctx, val, resources_id, timeout_s=cfg.rollout_timeout_s)
+            self._check(failures, "the baseline evaluation")
+            after = before
+            out = Path(ctx.output_dir)
+            self.best = BestExport(
+                out / BEST_DIR, enabled=cfg.export_model and bool(val), base_path=cfg.model_path
+            )
+            await asyncio.to_thread(self.best.offer, self.policy, before, iteration=0)
+            metrics = self._metrics_logger(ctx)
+            if val:
+                metrics.log(
+                    0,
+                    {"iteration": 0, "val_reward": before, **failures.metrics("val_"), **failures.console()},
+                )
+            try:
+                after = await self._iterate(ctx, train, val, rng, resources_id, version, metrics, after)
+            finally:
+                metrics.close()
         exported = await asyncio.to_thread(
             export_outputs,
             self.policy,

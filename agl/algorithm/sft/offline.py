@@ -225,22 +225,23 @@ async def run_offline(sft: SFT, ctx: TrainingContext, val: Sequence[Any]) -> dic
         tensorboard=False,
     )
     before = after = float("nan")
-    try:
-        if serving and val:
-            before = after = await _validate(sft, ctx, val, "v0")
-            metrics.log(0, {"epoch": 0, "val_reward": before, **selection.counts})
-            await asyncio.to_thread(best.offer, sft.policy, before, epoch=0)
-        await _train(sft, selection.samples, metrics)
-        if serving:
-            assert ctx.sync_weights is not None
-            version = await ctx.sync_weights(await asyncio.to_thread(sft.policy.engine_weights))
-            if val:
-                after = await _validate(sft, ctx, val, version)
-                sft.history[-1]["val_reward"] = after
-                metrics.log(len(sft.history), {"epoch": cfg.epochs, "val_reward": after})
-                await asyncio.to_thread(best.offer, sft.policy, after, epoch=cfg.epochs)
-    finally:
-        metrics.close()
+    async with sft.ranks():  # world_size > 1: every step on every rank (FSDP2 shards)
+        try:
+            if serving and val:
+                before = after = await _validate(sft, ctx, val, "v0")
+                metrics.log(0, {"epoch": 0, "val_reward": before, **selection.counts})
+                await asyncio.to_thread(best.offer, sft.policy, before, epoch=0)
+            await _train(sft, selection.samples, metrics)
+            if serving:
+                assert ctx.sync_weights is not None
+                version = await ctx.sync_weights(await asyncio.to_thread(sft.policy.engine_weights))
+                if val:
+                    after = await _validate(sft, ctx, val, version)
+                    sft.history[-1]["val_reward"] = after
+                    metrics.log(len(sft.history), {"epoch": cfg.epochs, "val_reward": after})
+                    await asyncio.to_thread(best.offer, sft.policy, after, epoch=cfg.epochs)
+        finally:
+            metrics.close()
     exported = await asyncio.to_thread(
         export_outputs,
         sft.policy,
