@@ -2,10 +2,15 @@
 
 ``RayLauncher(runners=2).fit(trainer, agent, train, val)`` serves the trainer's store over HTTP from the
 driver; each runner actor pulls rollouts from it with a ``LightningStoreClient``. Each engine replica
-(``trainer.engine``: built-in or vLLM) runs in an actor and reports its URL to the gateway on the driver;
+(``trainer.serving.engine``: built-in or vLLM) runs in an actor and reports its URL to the gateway on the driver;
 new weights reach built-in engines as Ray objects and vLLM servers as folders (the cluster's nodes must
 share ``output_dir``). ``host`` is the driver address actors connect to; engines bind their node's IP
 unless ``host`` is a loopback address (one-machine clusters). Needs ``pip install 'agl[ray]'``.
+
+Where things ran is recorded in the store: each runner's worker ``host`` carries ``ray_node_id`` and
+``ray_node_ip``, and each engine replica's calls carry the backend name ``URL#ray-node=NODE_ID``. When a
+runner actor dies (its node lost), ``fit`` fails that runner's in-flight attempts in the store and stops
+with :class:`RayNodeLostError` naming the node; it does not carry on with fewer runners.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from agl.agent.base import LitAgent
 from agl.algorithm.base import TrainingContext
-from agl.errors import ConfigError
+from agl.errors import AglError, ConfigError
+from agl.schemas import AttemptStatus, WorkerStatus
+from agl.store.client import LightningStoreClient
 
 if TYPE_CHECKING:
     from agl.trainer.trainer import Trainer
@@ -40,6 +48,34 @@ def _ray() -> Any:
     except ImportError as exc:
         raise ConfigError(_NO_RAY) from exc
     return ray
+
+
+class RayNodeLostError(AglError, RuntimeError):
+    """A runner actor died during ``fit`` (its Ray node was lost, or the actor crashed); the run stopped."""
+
+
+def _where() -> dict[str, Any]:
+    """Where the calling actor runs: Ray node id and IP, hostname and pid."""
+    import ray
+
+    return {
+        "ray_node_id": ray.get_runtime_context().get_node_id(),
+        "ray_node_ip": ray.util.get_node_ip_address(),
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+def _check_resources(ray: Any, options: Mapping[str, Any], setting: str) -> None:
+    """A custom resource no node of the cluster has would leave the actor pending forever: say so now."""
+    wanted = dict(options.get("resources") or {})
+    have = ray.cluster_resources()
+    missing = sorted(name for name in wanted if name not in have)
+    if missing:
+        raise ConfigError(
+            f"RayLauncher.{setting} asks for resources {missing} that no node of the Ray cluster has "
+            f"(cluster resources: {sorted(have)}); start a node with ray start --resources or change {setting}"
+        )
 
 
 @dataclass(frozen=True)
@@ -95,7 +131,7 @@ class RayLauncher:
         out.mkdir(parents=True, exist_ok=True)
         # the gateway binds and advertises the driver address the runner actors use
         local = copy.copy(trainer)
-        local.gateway = dataclasses.replace(trainer.gateway, host=self.host, public_host=self.host)
+        local.serving = dataclasses.replace(trainer.serving, host=self.host, public_host=self.host)
         async with contextlib.AsyncExitStack() as stack:
             store, owns_store = _open_store(trainer, out)
             if owns_store:
@@ -112,17 +148,19 @@ class RayLauncher:
             fleet = RunnerFleet(self, agent, store_server.url, store_token)
             stack.push_async_callback(fleet.stop)
             runs = [asyncio.ensure_future(r) for r in fleet.start()]
+            await fleet.placed()
             algorithm_task: asyncio.Future[Any] = asyncio.ensure_future(entry(ctx, train, val))
             try:
                 await asyncio.wait({algorithm_task, *runs}, return_when=asyncio.FIRST_COMPLETED)
                 if not algorithm_task.done():  # a runner actor ended (or died) while the algorithm ran
-                    next(r for r in runs if r.done()).result()
-                    raise RuntimeError("a Ray runner actor stopped while the algorithm was still running")
+                    await fleet.raise_lost(store, {i: r for i, r in enumerate(runs) if r.done()})
                 return algorithm_task.result()
             finally:
                 algorithm_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await algorithm_task
+                for run in runs:  # fleet.stop collects the results; these wrappers' errors are seen
+                    run.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
 class RunnerFleet:
@@ -130,11 +168,56 @@ class RunnerFleet:
 
     def __init__(self, launcher: RayLauncher, agent: LitAgent, store_url: str, token: str | None = None):
         ray = launcher.connect()
+        _check_resources(ray, launcher.runner_options, "runner_options")
         cls = ray.remote(_RunnerActor).options(**dict(launcher.runner_options))
         self.actors = [
             cls.remote(agent, store_url, launcher.runner_concurrency, token) for _ in range(launcher.runners)
         ]
+        self.where: list[dict[str, Any]] = [{} for _ in self.actors]  # worker_id and node, once placed
         self._runs: list[Any] = []
+
+    async def placed(self) -> list[dict[str, Any]]:
+        """Wait until every actor runs; returns each one's worker id, Ray node id/IP, hostname and pid."""
+        self.where = list(await asyncio.gather(*(a.where.remote() for a in self.actors)))
+        return self.where
+
+    async def raise_lost(self, store: Any, ended: Mapping[int, asyncio.Future[Any]]) -> None:
+        """Runner actors ``ended`` stopped early: fail the in-flight attempts of the lost ones and raise why.
+
+        Every actor on a node Ray reports dead counts as lost, not only those whose end was seen yet.
+
+        Raises:
+            RayNodeLostError: an actor died (its node was lost, or it crashed).
+            RuntimeError: an actor's run loop returned, or raised, while the algorithm still ran.
+        """
+        ray = _ray()
+        died = {i: run.exception() for i, run in ended.items() if not run.cancelled()}
+        died = {i: e for i, e in died.items() if isinstance(e, ray.exceptions.RayActorError)}
+        if not died:
+            for run in ended.values():
+                run.result()  # an actor's own error, as it raised it
+            raise RuntimeError("a Ray runner actor stopped while the algorithm was still running")
+        dead_nodes = {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
+        lost = sorted(set(died) | {i for i, w in enumerate(self.where) if w.get("ray_node_id") in dead_nodes})
+        nodes = {
+            str(
+                self.where[i].get("ray_node_id")
+            ): f"{self.where[i].get('hostname')}, {self.where[i].get('ray_node_ip')}"
+            for i in lost
+        }
+        named = "; ".join(f"{node} ({where})" for node, where in nodes.items())
+        cause = str(next(iter(died.values()))).strip().splitlines()
+        why = next((line for line in cause if "node" in line.lower()), cause[0] if cause else "")
+        failed = 0
+        for i in lost:
+            node = self.where[i].get("ray_node_id")
+            error = f"Ray node {node} lost (runner actor {i} died): {why}"
+            failed += await _fail_attempts(store, self.where[i].get("worker_id"), error)
+        raise RayNodeLostError(
+            f"Ray runner actor(s) {lost} on node {named} died ({why}); the run stops: RayLauncher does not "
+            f"continue on fewer runners. Their {failed} in-flight attempt(s) were marked failed in the store. "
+            "Start fit again (from the last checkpoint) once the cluster has the resources back."
+        ) from next(iter(died.values()))
 
     def start(self) -> list[Any]:
         """Start every actor's run loop; returns awaitable refs to each one's result (rollouts run)."""
@@ -151,17 +234,51 @@ class RunnerFleet:
         return [r for r in results if isinstance(r, dict)]
 
 
+async def _fail_attempts(store: Any, worker_id: str | None, error: str) -> int:
+    """Mark ``worker_id``'s preparing/running attempts failed with ``error``; returns how many."""
+    if worker_id is None:
+        return 0
+    live = [AttemptStatus.PREPARING, AttemptStatus.RUNNING]
+    attempts = (await store.query_attempts(worker_id=worker_id, status=live, limit=1000)).items
+    for attempt in attempts:
+        with contextlib.suppress(AglError):  # finished (or timed out) meanwhile: leave it as it is
+            await store.update_attempt(
+                attempt.rollout_id, attempt.attempt_id, status=AttemptStatus.FAILED, error=error
+            )
+    with contextlib.suppress(AglError):
+        await store.update_worker(worker_id, status=WorkerStatus.OFFLINE)
+    return len(attempts)
+
+
+class _NodeTaggedClient(LightningStoreClient):
+    """A store client that adds the actor's Ray node (``_where()``) to the worker ``host`` it registers."""
+
+    def __init__(self, url: str, token: str | None, where: dict[str, Any]) -> None:
+        super().__init__(url, token=token)
+        self.where = where
+
+    async def update_worker(
+        self, worker_id: str, *, status: WorkerStatus | None = None, host: dict[str, Any] | None = None
+    ) -> Any:
+        if host is not None:
+            host = {**host, **self.where}
+        return await super().update_worker(worker_id, status=status, host=host)
+
+
 class _RunnerActor:
     """A ``Runner`` in a Ray actor (an async actor: ``run`` and ``stop`` share its event loop)."""
 
     def __init__(self, agent: LitAgent, store_url: str, max_concurrency: int, token: str | None) -> None:
         from agl.runner.runner import Runner
-        from agl.store.client import LightningStoreClient
 
-        self.store = LightningStoreClient(store_url, token=token)
+        self._where = _where()
+        self.store = _NodeTaggedClient(store_url, token, self._where)
         self.runner = Runner(
             agent, self.store, max_concurrency=max_concurrency, poll_interval_s=0.02, handle_signals=False
         )
+
+    async def where(self) -> dict[str, Any]:
+        return {"worker_id": self.runner.worker_id, **self._where}
 
     async def run(self) -> dict[str, Any]:
         try:
@@ -185,6 +302,7 @@ class RayPlacer:
     def _actor(self, cls: type, *args: Any) -> Any:
         loopback = self.launcher.host in ("127.0.0.1", "localhost", "::1")
         options = dict(self.launcher.engine_options)
+        _check_resources(self.ray, options, "engine_options")
         return self.ray.remote(cls).options(**options).remote(*args, loopback)
 
     def builtin(self, model_path: str, options: Mapping[str, Any]) -> RemoteBuiltin:
@@ -208,8 +326,8 @@ class _BuiltinActor:
 
         self.server = EngineServer(model_path, host=_bind_host(loopback), **options).start()
 
-    def info(self) -> tuple[str, int]:
-        return self.server.base_url, os.getpid()
+    def info(self) -> tuple[str, int, str]:
+        return self.server.base_url, os.getpid(), str(_where()["ray_node_id"])
 
     def update_weights(self, state: dict[str, Any]) -> str:
         return self.server.update_weights(state)
@@ -224,8 +342,8 @@ class _VllmActor:
 
         self.server = VllmServer(**{**options, "host": _bind_host(loopback)}).start(timeout_s)
 
-    def info(self) -> tuple[str, int]:
-        return self.server.base_url, os.getpid()
+    def info(self) -> tuple[str, int, str]:
+        return self.server.base_url, os.getpid(), str(_where()["ray_node_id"])
 
     def restart(self, model: str | None, timeout_s: float, model_version: str | None) -> None:
         self.server.restart(model, timeout_s, model_version=model_version)
@@ -249,15 +367,19 @@ class _Remote:
     def __init__(self, ray: Any, actor: Any) -> None:
         self.ray, self.actor = ray, actor
         try:
-            self.base_url, self.pid = ray.get(actor.info.remote())
+            self.base_url, self.pid, self.node_id = ray.get(actor.info.remote())
         except ray.exceptions.RayError as exc:  # the actor's constructor raised: say why, not just "died"
             ray.kill(actor)
             why = str(exc).strip().splitlines()[-1]  # the traceback's last line: the original error
             raise ConfigError(f"an engine actor failed to start: {why}") from exc
+        # the gateway records this as each call's backend: which node served it
+        self.backend_name = f"{self.base_url}#ray-node={self.node_id}"
 
     def stop(self) -> None:
         try:
             self.ray.get(self.actor.stop.remote())
+        except self.ray.exceptions.RayActorError as exc:  # its node was lost: nothing left to stop
+            log.warning("engine actor %s is gone: %s", self.backend_name, str(exc).strip().splitlines()[0])
         finally:
             self.ray.kill(self.actor)
 
@@ -283,4 +405,4 @@ class RemoteVllm(_Remote):
         self.ray.get(self.actor.set_model_version.remote(version, aliases))
 
 
-__all__ = ["RayLauncher", "RayPlacer", "RunnerFleet"]
+__all__ = ["RayLauncher", "RayNodeLostError", "RayPlacer", "RunnerFleet"]

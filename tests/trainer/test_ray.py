@@ -35,6 +35,7 @@ def ray_cluster() -> Iterator[Any]:
     except ImportError:
         pytest.fail("Ray is not installed: pip install 'agl[ray]' (or .venv/bin/pip install 'ray>=2.9')")
     ray.init(
+        address="local",  # a fresh instance of its own, never a cluster another process started on this machine
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=200 * 1024**2,
