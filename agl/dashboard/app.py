@@ -14,7 +14,6 @@ import contextlib
 import hmac
 import importlib
 import logging
-import operator
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -31,6 +30,18 @@ from agl import errors
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.dashboard import training, views
+from agl.dashboard.index import (
+    FINISHED,
+    INDEX_TTL_S,
+    MAX_SPANS,
+    SORTS,
+    IndexRow,
+    RewardCache,
+    RolloutIndex,
+    TextCache,
+    haystack,
+    reward_facts,
+)
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore
 
@@ -40,18 +51,10 @@ STATIC = Path(__file__).parent / "static"
 PREFIX = "/ui"
 #: finished rollouts the reward charts look back over (newest first)
 CURVE_ROLLOUTS = 5000
-#: spans of one attempt shown on its page (the first ones by sequence id)
-MAX_SPANS = 10_000
-#: uncached rollouts beyond which rewards are read by one scan of the store's reward spans
-BULK_AFTER = 64
 #: how long one computation of the curves serves every poll (several tabs, the resources page)
 CURVES_TTL_S = 1.5
-#: rollouts search, filters and non-default sorts look through (newest first)
-SCAN_ROLLOUTS = 100_000
-#: how long one read of the rollout index serves searches (every poll of every tab)
-INDEX_TTL_S = 0.5
-SORTS = frozenset({"created", "reward", "duration"})
-_FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
+#: stores up to this many rollouts have their index read when the page opens
+WARM_UP_TO = 50_000
 Handler = Callable[[Request], Awaitable[Any]]
 
 
@@ -66,6 +69,14 @@ class BadRequest(Exception):
 def _error(status: int, type_name: str, message: str, field: str | None = None) -> JSONResponse:
     body = {"type": type_name, "message": message, **({"field": field} if field else {})}
     return JSONResponse({"error": body}, status_code=status)
+
+
+def _json(body: Any) -> Response:
+    """``body`` as JSON, encoded by orjson (a 1,000-row page is milliseconds, not tens of them)."""
+    try:
+        return Response(orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS), media_type="application/json")
+    except TypeError:  # something orjson refuses (an integer past 64 bits): the standard encoder
+        return JSONResponse(body)
 
 
 def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -101,28 +112,6 @@ def _offset(raw: str | None) -> int:
     return int(raw[1:])
 
 
-def _haystack(rollout: Rollout, output: str) -> str:
-    """What search looks through, lower-cased: the rollout id, its input (as JSON text), its last reply."""
-    given = rollout.input if isinstance(rollout.input, str) else orjson.dumps(rollout.input).decode()
-    return "\n".join((rollout.rollout_id, given, output)).lower()
-
-
-def _sorted(
-    rollouts: list[Rollout], sort: str, descending: bool, facts: dict[str, tuple[float | None, str | None]]
-) -> list[Rollout]:
-    """Rollouts by reward, duration or creation; those without a value (running, no reward) go last."""
-    if sort == "created":
-        return sorted(rollouts, key=lambda r: r.created_at, reverse=descending)
-    values = (
-        [facts[r.rollout_id][0] for r in rollouts]
-        if sort == "reward"
-        else [views.duration_s(r) for r in rollouts]
-    )
-    known = [(v, n) for n, v in enumerate(values) if v is not None]
-    known.sort(key=operator.itemgetter(0), reverse=descending)  # stable: ties stay newest first
-    return [rollouts[n] for _, n in known] + [r for r, v in zip(rollouts, values, strict=True) if v is None]
-
-
 def _settings(request: Request) -> training.Settings:
     """GRPO's settings for the training views: GRPOConfig's defaults, or the page's query parameters."""
     q = request.query_params
@@ -138,178 +127,6 @@ def _settings(request: Request) -> training.Settings:
         max_sample_tokens=_int(request, "max_sample_tokens", 2048, 1, 10_000_000),
         agent=q.get("agent") or None,
     )
-
-
-class RewardCache:
-    """Final reward and agent name per rollout, read from its latest attempt's reward spans (the
-    tracer tags them with the agent) and kept once the rollout is finished."""
-
-    def __init__(self, store: LightningStore, max_entries: int = 200_000) -> None:
-        self.store, self.max_entries = store, max_entries
-        self._done: dict[str, tuple[float | None, str | None]] = {}
-        self._gate = asyncio.Semaphore(16)
-
-    async def _read(self, rollout: Rollout) -> tuple[float | None, str | None]:
-        if rollout.rollout_id in self._done:
-            return self._done[rollout.rollout_id]
-        async with self._gate:
-            page = await self.store.query_spans(
-                rollout_id=rollout.rollout_id, attempt_id="latest", name=sc.SPAN_REWARD, limit=10_000
-            )
-        found = _facts(page.items)
-        if rollout.status.is_terminal:
-            if len(self._done) >= self.max_entries:
-                self._done.clear()
-            self._done[rollout.rollout_id] = found
-        return found
-
-    async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
-        """(reward, agent name) of each rollout."""
-        missing = [r for r in rollouts if r.rollout_id not in self._done]
-        if len(missing) > BULK_AFTER:  # one scan of all reward spans beats thousands of small queries
-            await self._scan(missing)
-        return await _fill(rollouts, self._done, self._read)
-
-    async def rewards(self, rollouts: list[Rollout]) -> list[float | None]:
-        return [reward for reward, _ in await self.facts(rollouts)]
-
-    async def _scan(self, rollouts: list[Rollout]) -> None:
-        wanted = {r.rollout_id: r for r in rollouts if r.status.is_terminal}
-        found: dict[str, list[Span]] = {}
-        cursor = None
-        while True:
-            page = await self.store.query_spans(
-                attempt_id="latest", name=sc.SPAN_REWARD, limit=10_000, cursor=cursor
-            )
-            for span in page.items:
-                if span.rollout_id in wanted:
-                    found.setdefault(span.rollout_id, []).append(span)
-            if (cursor := page.next_cursor) is None:
-                break
-        if len(self._done) + len(wanted) >= self.max_entries:
-            self._done.clear()
-        for rollout_id in wanted:
-            self._done[rollout_id] = _facts(found.get(rollout_id, []))
-
-
-def _facts(reward_spans: list[Span]) -> tuple[float | None, str | None]:
-    agent = next(
-        (str(s.attributes[sc.AGENT_NAME]) for s in reward_spans if sc.AGENT_NAME in s.attributes), None
-    )
-    return final_reward(reward_spans), agent
-
-
-class TextCache:
-    """What search and the error filter read per finished rollout: its last model reply and the
-    type of its exception (a full read of its latest attempt's spans, so only when asked for)."""
-
-    def __init__(self, store: LightningStore, max_entries: int = 200_000) -> None:
-        self.store, self.max_entries = store, max_entries
-        self._done: dict[str, tuple[str, str | None]] = {}
-        self._gate = asyncio.Semaphore(16)
-
-    @staticmethod
-    def _of(spans: list[Span]) -> tuple[str, str | None]:
-        errors_ = [s for s in spans if s.name == sc.SPAN_EXCEPTION]
-        error = str(errors_[-1].attributes.get(sc.EXCEPTION_TYPE)) if errors_ else None
-        return training.output_text(spans), error
-
-    async def _read(self, rollout: Rollout) -> tuple[str, str | None]:
-        if rollout.rollout_id in self._done:
-            return self._done[rollout.rollout_id]
-        async with self._gate:
-            page = await self.store.query_spans(
-                rollout_id=rollout.rollout_id, attempt_id="latest", limit=MAX_SPANS
-            )
-        found = self._of(page.items)
-        if rollout.status.is_terminal:
-            if len(self._done) >= self.max_entries:
-                self._done.clear()
-            self._done[rollout.rollout_id] = found
-        return found
-
-    async def texts(self, rollouts: list[Rollout]) -> list[tuple[str, str | None]]:
-        missing = [r for r in rollouts if r.rollout_id not in self._done and r.status.is_terminal]
-        if len(missing) > BULK_AFTER:
-            wanted = {r.rollout_id for r in missing}
-            found: dict[str, list[Span]] = {}
-            cursor = None
-            while True:
-                page = await self.store.query_spans(attempt_id="latest", limit=10_000, cursor=cursor)
-                for span in page.items:
-                    if span.rollout_id in wanted:
-                        found.setdefault(span.rollout_id, []).append(span)
-                if (cursor := page.next_cursor) is None:
-                    break
-            if len(self._done) + len(wanted) >= self.max_entries:
-                self._done.clear()
-            for rollout_id in wanted:
-                self._done[rollout_id] = self._of(found.get(rollout_id, []))
-        return await _fill(rollouts, self._done, self._read)
-
-
-async def _fill(
-    rollouts: list[Rollout], done: dict[str, Any], read: Callable[[Rollout], Awaitable[Any]]
-) -> list[Any]:
-    """Cached values as they are; only the others are read (a search over 10k rollouts stays cheap)."""
-    out = [done.get(r.rollout_id) for r in rollouts]
-    todo = [i for i, value in enumerate(out) if value is None]
-    for i, value in zip(todo, await asyncio.gather(*(read(rollouts[i]) for i in todo)), strict=True):
-        out[i] = value
-    return out
-
-
-class RolloutIndex:
-    """Every rollout (up to ``SCAN_ROLLOUTS``), newest first, kept current by reading only the rollouts
-    updated since the last read: a search over 10k rollouts must not reread them all on each poll."""
-
-    #: a full reread this often catches an update stamped before the newest one seen but committed after it
-    FULL_EVERY_S = 60.0
-
-    def __init__(self, store: LightningStore) -> None:
-        self.store = store
-        self._by_id: dict[str, Rollout] = {}
-        self._order: list[Rollout] | None = None
-        self._seen_until = float("-inf")
-        self._read_at = float("-inf")
-        self._full_at = float("-inf")
-        self._lock = asyncio.Lock()
-
-    async def rollouts(self) -> list[Rollout]:
-        async with self._lock:
-            if self._order is not None and time.monotonic() - self._read_at <= INDEX_TTL_S:
-                return self._order
-            changed = await self._changed()
-            if changed or self._order is None:
-                for rollout in changed:
-                    self._by_id[rollout.rollout_id] = rollout
-                self._order = sorted(self._by_id.values(), key=lambda r: r.created_at, reverse=True)
-                self._order = self._order[:SCAN_ROLLOUTS]
-            self._read_at = time.monotonic()
-            return self._order
-
-    async def _changed(self) -> list[Rollout]:
-        """Rollouts updated since the last read (all of them the first time), newest update first."""
-        found: list[Rollout] = []
-        cursor = None
-        if time.monotonic() - self._full_at > self.FULL_EVERY_S:
-            self._seen_until, self._full_at = float("-inf"), time.monotonic()
-        limit = 50 if self._seen_until > float("-inf") else 1000
-        while len(found) < SCAN_ROLLOUTS:
-            page = await self.store.query_rollouts(
-                order_by="updated_at", descending=True, limit=limit, cursor=cursor
-            )
-            found.extend(page.items)
-            if (cursor := page.next_cursor) is None or page.items[-1].updated_at < self._seen_until:
-                break
-            limit = 1000
-        if found:
-            self._seen_until = max(self._seen_until, found[0].updated_at)
-        return [
-            r
-            for r in found
-            if (known := self._by_id.get(r.rollout_id)) is None or known.updated_at != r.updated_at
-        ]
 
 
 def _previous(versions: list[ResourcesVersion]) -> dict[str, str]:
@@ -340,7 +157,7 @@ def create_dashboard(
                         "missing or wrong bearer token; open the dashboard as /ui/?token=<token>",
                     )
             try:
-                return JSONResponse(await handler(request))
+                return _json(await handler(request))
             except BadRequest as exc:
                 return _error(422, "ValidationError", exc.message, exc.field)
             except errors.NotFoundError as exc:
@@ -364,23 +181,36 @@ def create_dashboard(
         }
 
     texts = TextCache(store)
-    rollout_index = RolloutIndex(store)
+    rollout_index = RolloutIndex(store, cache)
+    reading = asyncio.Lock()
 
-    async def snapshot(
-        statuses: list[RolloutStatus] | None, mode: str | None, group: str | None
-    ) -> list[Rollout]:
-        """Every rollout the filters match, newest first: search and other sorts look through them all."""
-        everything = await rollout_index.rollouts()
-        wanted = set(statuses) if statuses else None
-        return [
-            r
-            for r in everything
-            if (wanted is None or r.status in wanted)
-            and (mode is None or r.mode == mode)
-            and (group is None or r.group_id == group)
-        ]
+    async def what_said(rows: list[IndexRow]) -> list[tuple[str, str | None]]:
+        """(search text, error type) of each row: kept on finished rollouts' rows, read afresh for others."""
+        async with reading:  # one scan at a time: two first searches share it
+            unread = [x for x in rows if x.said is None]
+            fresh: dict[str, tuple[str, str | None]] = {}
+            if unread:
+                read = await texts.texts([x.rollout for x in unread])
+                for x, (output, error) in zip(unread, read, strict=True):
+                    said = (haystack(x.rollout, output), error)
+                    if x.terminal:
+                        x.said = said
+                    else:
+                        fresh[x.rollout_id] = said
+            return [x.said or fresh[x.rollout_id] for x in rows]
 
-    haystacks: dict[str, str] = {}  # finished rollouts' search text, built once
+    warming: list[asyncio.Task[None]] = []
+
+    async def warm() -> None:
+        """Read the index (every rollout and reward) once, in the background, on a store of up to
+        ``WARM_UP_TO`` rollouts, so the page's first sort or filter does not wait for it. Search texts
+        are not read ahead: that is a scan of every span, which would hold up the store's other calls."""
+        try:
+            stats = await store.statistics()
+            if sum(stats.rollouts_by_status.values()) <= WARM_UP_TO:
+                await rollout_index.rows()
+        except Exception:  # the store went away, say: the first sort reads again and reports it
+            log.debug("the dashboard's warm-up stopped", exc_info=True)
 
     async def rollouts(request: Request) -> dict[str, Any]:
         limit = _int(request, "limit", 50, 1, 1000)
@@ -397,9 +227,10 @@ def create_dashboard(
         order = q.get("order") or "desc"
         if order not in ("asc", "desc"):
             raise BadRequest("order", f"order must be 'asc' or 'desc', got {order!r}")
+        statuses = _statuses(request)
         if not (text or resources_id or agent or error or sort != "created" or order != "desc"):
             page = await store.query_rollouts(  # the store pages: fast on any size
-                status=_statuses(request),
+                status=statuses,
                 mode=mode,
                 group_id=group,
                 order_by="created_at",
@@ -408,38 +239,71 @@ def create_dashboard(
                 cursor=q.get("cursor") or None,
             )
             known = await cache.facts(page.items)
+            if not warming:
+                warming.append(asyncio.create_task(warm()))
             return {
                 "items": [views.rollout_view(r, w, a) for r, (w, a) in zip(page.items, known, strict=True)],
                 "next_cursor": page.next_cursor,
             }
         offset = _offset(q.get("cursor"))
-        found = await snapshot(_statuses(request), mode, group)
-        if resources_id:
-            found = [r for r in found if r.resources_id == resources_id]
-        facts = dict(zip((r.rollout_id for r in found), await cache.facts(found), strict=True))
-        if agent:
-            found = [r for r in found if facts[r.rollout_id][1] == agent]
-        if error:
-            said = dict(zip((r.rollout_id for r in found), await texts.texts(found), strict=True))
-            found = [r for r in found if said[r.rollout_id][1] == error]
-        if text:
-            needle = text.lower()
-            unread = [r for r in found if r.rollout_id not in haystacks]  # a built haystack needs no spans
-            fresh = {
-                r.rollout_id: _haystack(r, output)
-                for r, (output, _) in zip(unread, await texts.texts(unread), strict=True)
-            }
-            found = [r for r in found if needle in (haystacks.get(r.rollout_id) or fresh[r.rollout_id])]
-            if len(haystacks) + len(fresh) > SCAN_ROLLOUTS:
-                haystacks.clear()
-            haystacks.update((r.rollout_id, fresh[r.rollout_id]) for r in unread if r.status.is_terminal)
-        found = _sorted(found, sort, order == "desc", facts)
+        key = (
+            statuses and tuple(statuses),
+            mode,
+            group,
+            resources_id,
+            agent,
+            error,
+            text.lower(),
+            sort,
+            order,
+        )
+        found = await matching(key)
         chosen = found[offset : offset + limit]
         return {
-            "items": [views.rollout_view(r, *facts[r.rollout_id]) for r in chosen],
+            "items": [x.view() for x in chosen],
             "next_cursor": f"@{offset + limit}" if offset + limit < len(found) else None,
             "total": len(found),
         }
+
+    answers: dict[
+        tuple[Any, ...], tuple[int, float, list[IndexRow]]
+    ] = {}  # query -> (index version, when, rows)
+
+    async def matching(key: tuple[Any, ...]) -> list[IndexRow]:
+        """The rows a search matches, in order; the answer serves the query's next pages and polls until
+        the index changes (or, while some rollout runs and its text may change, for ``INDEX_TTL_S``)."""
+        statuses, mode, group, resources_id, agent, error, needle, sort, order = key
+        found = await rollout_index.ordered(sort, order == "desc")  # presorted: filtering keeps the order
+        known = answers.get(key)
+        if (
+            known is not None
+            and known[0] == rollout_index.version
+            and (not rollout_index.running or time.monotonic() - known[1] <= INDEX_TTL_S)
+        ):
+            return known[2]
+        version = rollout_index.version
+        wanted = {s.value for s in statuses} if statuses else None
+        if wanted is not None or mode or group or resources_id or agent:
+            found = [
+                x
+                for x in found
+                if (wanted is None or x.status in wanted)
+                and (mode is None or x.mode == mode)
+                and (group is None or x.group_id == group)
+                and (resources_id is None or x.resources_id == resources_id)
+                and (agent is None or x.agent == agent)
+            ]
+        if error or needle:
+            said = await what_said(found)
+            found = [
+                x
+                for x, (haystack, kind) in zip(found, said, strict=True)
+                if (error is None or kind == error) and needle in haystack
+            ]
+        if len(answers) >= 32:
+            answers.pop(next(iter(answers)))
+        answers[key] = (version, time.monotonic(), found)
+        return found
 
     async def rollout(request: Request) -> dict[str, Any]:
         rollout_id = request.path_params["rollout_id"]
@@ -454,7 +318,7 @@ def create_dashboard(
             page = await store.query_spans(rollout_id=rollout_id, attempt_id=attempt_id, limit=MAX_SPANS)
             spans, more = page.items, page.next_cursor
         view = views.rollout_view(
-            found, final_reward(spans), _facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
+            found, final_reward(spans), reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
         )
         version = None
         if found.resources_id:
@@ -529,14 +393,15 @@ def create_dashboard(
                 raise BadRequest("step", f"step must be an integer, got {step!r}") from None
         else:
             wanted_step = None
-        found = [
-            r
-            for r in await snapshot(None, None, None)
-            if r.group_id
-            and (wanted_step is None or r.metadata.get("step") == wanted_step)
-            and (resources_id is None or r.resources_id == resources_id)
+        rows = [
+            x
+            for x in await rollout_index.rows()
+            if x.rollout.group_id
+            and (wanted_step is None or x.rollout.metadata.get("step") == wanted_step)
+            and (resources_id is None or x.rollout.resources_id == resources_id)
         ]
-        rewards = dict(zip((r.rollout_id for r in found), await cache.rewards(found), strict=True))
+        found = [x.rollout for x in rows]
+        rewards = {x.rollout.rollout_id: x.reward for x in rows}
         by_group: dict[str, list[Rollout]] = {}
         for r in reversed(found):  # oldest first
             by_group.setdefault(r.group_id or "", []).append(r)
@@ -630,7 +495,7 @@ def create_dashboard(
         cursor = None
         while len(found) < CURVE_ROLLOUTS:
             page = await store.query_rollouts(
-                status=_FINISHED, order_by="updated_at", descending=True, limit=1000, cursor=cursor
+                status=FINISHED, order_by="updated_at", descending=True, limit=1000, cursor=cursor
             )
             found.extend(page.items)
             if (cursor := page.next_cursor) is None:

@@ -321,6 +321,16 @@ def test_search_sort_and_filters(http: httpx.Client, filled: Filled) -> None:
         assert bad.status_code == 422 and bad.json()["error"]["field"] == field
 
 
+def test_an_unnamed_agent_is_listed_by_its_function_name(http: httpx.Client, filled: Filled) -> None:
+    listed = {r["rollout_id"]: r["agent"] for r in get(http, "rollouts", limit=1000)["items"]}
+    assert listed[filled.tool_rollout] == "shop_agent"  # @agl.rollout without a name
+    assert listed[filled.responses_rollout] == listed[filled.empty_rollout] == "edge_agent"
+    assert listed[filled.command_rollout] == "shell-agent"  # a given name wins
+    shop = get(http, "rollouts", agent="shop_agent")["items"]
+    assert len(shop) == 6 and filled.tool_rollout in {r["rollout_id"] for r in shop}
+    assert get(http, f"rollouts/{filled.tool_rollout}")["rollout"]["agent"] == "shop_agent"
+
+
 def test_responses_usage_command_span_and_a_span_in_full(http: httpx.Client, filled: Filled) -> None:
     spans = get(http, f"rollouts/{filled.responses_rollout}")["spans"]
     (call,) = [s for s in spans if s["category"] == "llm"]

@@ -295,6 +295,10 @@ def test_search_sort_and_filter_rollouts(page: Any, filled: Filled) -> None:
     assert rows(page) == [filled.command_rollout]
     assert page.locator("#rollouts td.agent").inner_text() == "shell-agent"
     page.screenshot(path=SHOTS / "search-agent.png")
+    page.goto(f"{filled.url}/ui/#/rollouts?sort=reward&mode=train&status=succeeded")
+    page.wait_for_function("document.querySelectorAll('#rollouts tr[data-rollout]').length === 4")
+    # an unnamed @agl.rollout function is listed by its function's name
+    assert page.locator("#rollouts td.agent").all_inner_texts() == ["shop_agent"] * 4
 
 
 def test_the_transcript_shows_each_message_once(page: Any, filled: Filled) -> None:
