@@ -130,6 +130,8 @@ class LearningCheck:
     def __init__(self, zero_variance_share: float = ZERO_VARIANCE_SHARE) -> None:
         self.zero_variance_share = zero_variance_share
         self.warned = False
+        self.said_solved = False
+        self.low, self.high = math.inf, -math.inf  # the lowest and highest rollout reward so far
 
     def at_start(self, val_reward: float, phases: Mapping[str, float], failures: Failures) -> None:
         """Check the held-out reward GRPO starts from (after the warm start, when there is one)."""
@@ -152,10 +154,25 @@ class LearningCheck:
         """Check a step's metrics row (``groups``, ``zero_variance_groups``, ``reward_mean``, failures)."""
         groups, flat = row.get("groups", 0.0), row.get("zero_variance_groups", 0.0)
         rollouts, failed = row.get("rollouts", 0.0), row.get("failed_rollouts", 0.0)
+        low, high = row.get("reward_min", math.nan), row.get("reward_max", math.nan)
+        if not (math.isnan(low) or math.isnan(high)):
+            self.low, self.high = min(self.low, low), max(self.high, high)
+        # every rollout got the best reward of the run, which was once lower: the tasks look solved
+        solved = low == high == self.high and self.low < self.high
         if rollouts and failed == rollouts:
             self._warn(
                 f"all {int(rollouts)} rollouts of step {step} failed, so it trained nothing", FIX_FAILURES
             )
+        elif groups and flat == groups and rollouts > failed and solved:
+            if not self.said_solved:  # success, not a fault: said once, and it does not use up the warning
+                self.said_solved = True
+                log.info(
+                    "GRPO step %d: every rollout got the best reward of this run (%.3f), so "
+                    "the step trained nothing: these tasks look solved. Harder tasks would give GRPO more to "
+                    "learn.",
+                    step,
+                    high,
+                )
         elif groups and flat / groups >= self.zero_variance_share:
             self._warn(
                 f"in step {step}, {int(flat)} of {int(groups)} groups gave every rollout the same reward "

@@ -141,6 +141,35 @@ def test_learning_check_warns_once_naming_cause_and_remedies(caplog: pytest.LogC
         assert remedy in message
 
 
+def test_flat_groups_at_the_runs_best_reward_say_solved_not_a_fault(caplog: pytest.LogCaptureFixture) -> None:
+    check = LearningCheck()
+    learning = {
+        "groups": 6.0,
+        "zero_variance_groups": 3.0,
+        "rollouts": 24.0,
+        "reward_min": 0.0,
+        "reward_max": 1.0,
+    }
+    solved = {
+        "groups": 6.0,
+        "zero_variance_groups": 6.0,
+        "rollouts": 24.0,
+        "reward_min": 1.0,
+        "reward_max": 1.0,
+    }
+    with caplog.at_level(logging.INFO, logger="agl.algorithm.health"):
+        check.after_step(1, learning, first=True)
+        check.after_step(2, solved, first=False)
+        check.after_step(3, solved, first=False)
+    assert [r.levelno for r in caplog.records] == [logging.INFO]  # once, and not as a warning
+    assert "every rollout got the best reward of this run (1.000)" in caplog.records[0].getMessage()
+    assert not check.warned  # a later fault still gets its warning
+    flat_first = LearningCheck()  # all alike from the start (partial credit, say): not known to be solved
+    with caplog.at_level(logging.WARNING, logger="agl.algorithm.health"):
+        flat_first.after_step(1, {**solved, "reward_min": 0.5, "reward_max": 0.5}, first=True)
+    assert flat_first.warned
+
+
 @pytest.mark.parametrize(
     ("call", "cause"),
     [

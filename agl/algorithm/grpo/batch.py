@@ -150,6 +150,8 @@ def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], confi
     metrics = {
         "reward_mean": mean,
         "reward_std": std,
+        "reward_min": min(reward_values, default=0.0),
+        "reward_max": max(reward_values, default=0.0),
         "rollouts": float(len(rollouts)),
         "failed_rollouts": float(len(rollouts) - len(ok)),
         "groups": float(len({u.key for u in units})),  # (task group, agent) pairs, as advantages see them
