@@ -52,6 +52,7 @@ def test_lora_model_takes_the_chunked_path_with_equal_gradients(tiny: Path) -> N
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    torch.manual_seed(0)  # init_lora_weights=False draws random adapters: the same ones every run
     base = AutoModelForCausalLM.from_pretrained(tiny, local_files_only=True, dtype=torch.float32)
     model = get_peft_model(
         base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
@@ -61,7 +62,10 @@ def test_lora_model_takes_the_chunked_path_with_equal_gradients(tiny: Path) -> N
     for ours, theirs in zip(
         _values_and_grads(model, chunk_tokens=16), _values_and_grads(model, chunk_tokens=None), strict=True
     ):
-        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+        # fp32 sums in another order: differences scale with the tensor (random adapters give larger
+        # gradients than the plain model's; one element once differed by 1.13e-6 at |grad| ~1e-4)
+        scale = float(theirs.abs().max())
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=max(1e-6, 1e-5 * scale))
 
 
 def test_soft_capped_logits_take_the_full_path() -> None:
