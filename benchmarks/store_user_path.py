@@ -5,7 +5,8 @@
 is an OpenTelemetry span from agl's tracer provider with two child spans, each carrying a freshly
 generated nested attribute dict of about 6 KB (flattened to dotted keys, as OTel attributes must
 be); then rewards (``agl.emit_reward``) and a final span. Reports rollouts/s and the runner
-processes' CPU per OTel span, as one JSON line per run.
+processes' CPU per OTel span, as one JSON line per run: in all, the agent's own share (the same work
+on a bare OTel SDK provider, measured in each runner before the run) and agl's share (the rest).
 
     python benchmarks/store_user_path.py --backend sqlite
     python benchmarks/store_user_path.py --backend memory --repeat 3
@@ -36,15 +37,21 @@ from agl.schemas import RolloutCreate  # noqa: E402
 
 
 def nested_attributes(rng: random.Random, target_bytes: int = 6000) -> dict[str, Any]:
-    """A fresh nested dict of about ``target_bytes`` of JSON, flattened to OTel's dotted primitive keys."""
+    """A fresh nested dict of about ``target_bytes`` of JSON, flattened to OTel's dotted primitive keys.
+
+    About 26 branches of text, a number and a list of 1-9 ints: some 78 attributes. Made with
+    ``getrandbits``/``randbytes`` (C) rather than ``randrange`` (Python), a third of the cost for the
+    same shape: the benchmark measures the store path, not the random module.
+    """
     out: dict[str, Any] = {}
     size = 0
+    bits, randbytes = rng.getrandbits, rng.randbytes
     while size < target_bytes:
-        key = f"payload.k{rng.randrange(10**6)}"
-        text = rng.randbytes(rng.randrange(25, 100)).hex()  # cheap to make: the store path is measured
+        key = f"payload.k{bits(20)}"
+        text = randbytes(25 + bits(7) % 75).hex()
         out[f"{key}.text"] = text
         out[f"{key}.n"] = rng.random()
-        out[f"{key}.list"] = [rng.randrange(1000) for _ in range(rng.randrange(1, 10))]
+        out[f"{key}.list"] = [n * 4 for n in randbytes(1 + bits(4) % 9)]  # ints below 1,024
         size += len(text) + len(key) * 3 + 60
     return out
 
@@ -55,6 +62,8 @@ def _cpu_s() -> float:
 
 
 def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
     import agl
     from agl.store.client import LightningStoreClient
     from agl.tracer import tracer_provider
@@ -62,31 +71,47 @@ def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -
     tracer = tracer_provider().get_tracer("bench")
     counted = {"otel_spans": 0}
 
-    @agl.rollout
-    async def agent(task: dict[str, Any]) -> None:
+    async def work(task: dict[str, Any], tracer: Any, reward: Any) -> int:
+        """The agent's own work; returns the OTel spans it made."""
         rng = random.Random(task["i"])
+        spans = 0
         for round_no in range(rng.randint(1, 6)):
             with tracer.start_as_current_span("round") as span:
                 span.set_attribute("round", round_no)
                 for child in ("llm.call", "tool.call"):
                     with tracer.start_as_current_span(child) as inner:
                         inner.set_attributes(nested_attributes(rng))
-                counted["otel_spans"] += 3
+                spans += 3
             await asyncio.sleep(0)
-        agl.emit_reward(rng.random())
+        reward(rng.random())
         with tracer.start_as_current_span("final") as span:
             span.set_attribute("answer", "42")
-        counted["otel_spans"] += 1
+        return spans + 1
+
+    @agl.rollout
+    async def agent(task: dict[str, Any]) -> None:
+        counted["otel_spans"] += await work(task, tracer, agl.emit_reward)
+
+    async def own_cost(samples: int = 64) -> tuple[float, int]:
+        """CPU of the same work on a bare OTel SDK provider, outside agl: what the user's code costs alone."""
+        bare = TracerProvider().get_tracer("bare")
+        cpu, spans = _cpu_s(), 0
+        for i in range(samples):
+            spans += await work({"i": 10**6 + i}, bare, lambda _: None)
+        return _cpu_s() - cpu, spans
 
     async def main() -> None:
         client = LightningStoreClient(url)
         runner = agl.Runner(agent, client, max_concurrency=concurrency, handle_signals=False)
         await client.health()
+        await own_cost(8)  # warm up
+        own_s, own_spans = await own_cost()
         out.put({"ready": index})
         await asyncio.to_thread(go.wait)
         cpu = _cpu_s()
         outcomes = await runner.run(stop_when_idle=True)
-        out.put({"rollouts": len(outcomes), "cpu_s": _cpu_s() - cpu, **counted})
+        report = {"rollouts": len(outcomes), "cpu_s": _cpu_s() - cpu, "own_s": own_s, "own_spans": own_spans}
+        out.put({**report, **counted})
         await client.aclose()
 
     asyncio.run(main())
@@ -147,6 +172,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     rollouts = sum(r["rollouts"] for r in reports)
     otel = sum(r["otel_spans"] for r in reports)
     runner_cpu = sum(r["cpu_s"] for r in reports)
+    own_per_span = sum(r["own_s"] for r in reports) / sum(r["own_spans"] for r in reports)
     assert rollouts == args.tasks and stats.rollouts_by_status.get("succeeded") == args.tasks, (
         rollouts,
         stats,
@@ -163,6 +189,9 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "stored_spans": stats.spans,
         "runner_cpu_ms_per_rollout": round(1000 * runner_cpu / rollouts, 2),
         "runner_cpu_ms_per_otel_span": round(1000 * runner_cpu / otel, 3),
+        # the agent's own work on a bare OTel SDK (attribute making, the SDK's spans), measured in each runner
+        "agent_own_cpu_ms_per_otel_span": round(1000 * own_per_span, 3),
+        "agl_runner_cpu_ms_per_otel_span": round(1000 * (runner_cpu / otel - own_per_span), 3),
         "server_cpu_ms_per_span": round(1000 * server_cpu / max(stats.spans, 1), 3),
         "load_avg_1m": round(os.getloadavg()[0], 1),
     }
