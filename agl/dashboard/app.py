@@ -35,11 +35,9 @@ from agl.dashboard.index import (
     INDEX_TTL_S,
     MAX_SPANS,
     SORTS,
+    Digests,
     IndexRow,
-    RewardCache,
     RolloutIndex,
-    TextCache,
-    haystack,
     reward_facts,
 )
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
@@ -144,7 +142,7 @@ def create_dashboard(
     """
     expected = f"Bearer {token}".encode() if token else None
     metrics_path = Path(metrics_dir) if metrics_dir is not None else None
-    cache = RewardCache(store)
+    digests = Digests(store)
 
     def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -180,31 +178,15 @@ def create_dashboard(
             "metrics": metrics_path is not None,
         }
 
-    texts = TextCache(store)
-    rollout_index = RolloutIndex(store, cache)
-    reading = asyncio.Lock()
-
-    async def what_said(rows: list[IndexRow]) -> list[tuple[str, str | None]]:
-        """(search text, error type) of each row: kept on finished rollouts' rows, read afresh for others."""
-        async with reading:  # one scan at a time: two first searches share it
-            unread = [x for x in rows if x.said is None]
-            fresh: dict[str, tuple[str, str | None]] = {}
-            if unread:
-                read = await texts.texts([x.rollout for x in unread])
-                for x, (output, error) in zip(unread, read, strict=True):
-                    said = (haystack(x.rollout, output), error)
-                    if x.terminal:
-                        x.said = said
-                    else:
-                        fresh[x.rollout_id] = said
-            return [x.said or fresh[x.rollout_id] for x in rows]
+    rollout_index = RolloutIndex(store, digests)
 
     warming: list[asyncio.Task[None]] = []
 
     async def warm() -> None:
         """Read the index (every rollout and reward) once, in the background, on a store of up to
-        ``WARM_UP_TO`` rollouts, so the page's first sort or filter does not wait for it. Search texts
-        are not read ahead: that is a scan of every span, which would hold up the store's other calls."""
+        ``WARM_UP_TO`` rollouts, so the page's first sort, filter or search does not wait for it (with
+        the texts to search: the store's digests, one small row per rollout). It reads in small chunks
+        and yields between them, so the page's own calls are served meanwhile."""
         try:
             stats = await store.statistics()
             if sum(stats.rollouts_by_status.values()) <= WARM_UP_TO:
@@ -238,7 +220,7 @@ def create_dashboard(
                 limit=limit,
                 cursor=q.get("cursor") or None,
             )
-            known = await cache.facts(page.items)
+            known = await digests.facts(page.items)
             if not warming:
                 warming.append(asyncio.create_task(warm()))
             return {
@@ -294,12 +276,7 @@ def create_dashboard(
                 and (agent is None or x.agent == agent)
             ]
         if error or needle:
-            said = await what_said(found)
-            found = [
-                x
-                for x, (haystack, kind) in zip(found, said, strict=True)
-                if (error is None or kind == error) and needle in haystack
-            ]
+            found = [x for x in found if (error is None or x.error == error) and needle in x.said]
         if len(answers) >= 32:
             answers.pop(next(iter(answers)))
         answers[key] = (version, time.monotonic(), found)
@@ -501,7 +478,7 @@ def create_dashboard(
             if (cursor := page.next_cursor) is None:
                 break
         found = found[:CURVE_ROLLOUTS][::-1]
-        rewards = await cache.rewards(found)
+        rewards = [reward for reward, _ in await digests.facts(found)]
         points: list[dict[str, Any]] = [
             {
                 "rollout_id": r.rollout_id,

@@ -1,12 +1,16 @@
 """The dashboard's in-memory rollout index: rewards, agent names and search texts per rollout, kept
-between polls so that sorting and searching a 10k-rollout store takes a pass over a list, not the store."""
+between polls so that sorting and searching a 10k-rollout store takes a pass over a list, not the store.
+
+What the index knows of a rollout beyond the rollout itself comes from the store's attempt digests
+(``LightningStore.query_digests``: last reply, exception type, reward, agent), which the store keeps
+as spans arrive: building the index reads one small row per rollout, never the spans.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import operator
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,14 +18,17 @@ import orjson
 
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
-from agl.dashboard import training, views
+from agl.dashboard import views
 from agl.schemas import Rollout, RolloutStatus, Span
-from agl.store.base import LightningStore
+from agl.store.base import AttemptDigest, LightningStore
 
 #: spans of one attempt shown on its page (the first ones by sequence id)
 MAX_SPANS = 10_000
-#: uncached rollouts beyond which rewards are read by one scan of the store's reward spans
-BULK_AFTER = 64
+#: rollout ids asked for in one digest query
+IDS_PER_QUERY = 500
+#: rollouts (and digests) read per store call while the index is built: a page's own store calls wait
+#: for one such read at most
+READ_CHUNK = 250
 #: rollouts search, filters and non-default sorts look through (newest first)
 SCAN_ROLLOUTS = 100_000
 #: how long one read of the rollout index serves searches (every poll of every tab)
@@ -30,162 +37,99 @@ SORTS = frozenset({"created", "reward", "duration"})
 FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
 
 
-def haystack(rollout: Rollout, output: str) -> str:
+def haystack(rollout: Rollout, output: str | None) -> str:
     """What search looks through, lower-cased: the rollout id, its input (as JSON text), its last reply."""
     given = rollout.input if isinstance(rollout.input, str) else orjson.dumps(rollout.input).decode()
-    return "\n".join((rollout.rollout_id, given, output)).lower()
-
-
-class RewardCache:
-    """Final reward and agent name per rollout, read from its latest attempt's reward spans (the
-    tracer tags them with the agent) and kept once the rollout is finished."""
-
-    def __init__(self, store: LightningStore, max_entries: int = 200_000) -> None:
-        self.store, self.max_entries = store, max_entries
-        self._done: dict[str, tuple[float | None, str | None]] = {}
-        self._gate = asyncio.Semaphore(16)
-
-    async def _read(self, rollout: Rollout) -> tuple[float | None, str | None]:
-        if rollout.rollout_id in self._done:
-            return self._done[rollout.rollout_id]
-        async with self._gate:
-            page = await self.store.query_spans(
-                rollout_id=rollout.rollout_id, attempt_id="latest", name=sc.SPAN_REWARD, limit=10_000
-            )
-        found = reward_facts(page.items)
-        if rollout.status.is_terminal:
-            if len(self._done) >= self.max_entries:
-                self._done.clear()
-            self._done[rollout.rollout_id] = found
-        return found
-
-    async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
-        """(reward, agent name) of each rollout."""
-        missing = [r for r in rollouts if r.rollout_id not in self._done and r.status.is_terminal]
-        if len(missing) > BULK_AFTER:  # one scan of all reward spans beats thousands of small queries
-            await self._scan(missing)
-        return await _fill(rollouts, self._done, self._read)
-
-    async def rewards(self, rollouts: list[Rollout]) -> list[float | None]:
-        return [reward for reward, _ in await self.facts(rollouts)]
-
-    async def _scan(self, rollouts: list[Rollout]) -> None:
-        wanted = {r.rollout_id: r for r in rollouts if r.status.is_terminal}
-        found: dict[str, list[Span]] = {}
-        cursor = None
-        while True:
-            page = await self.store.query_spans(
-                attempt_id="latest", name=sc.SPAN_REWARD, limit=10_000, cursor=cursor
-            )
-            for span in page.items:
-                if span.rollout_id in wanted:
-                    found.setdefault(span.rollout_id, []).append(span)
-            if (cursor := page.next_cursor) is None:
-                break
-        if len(self._done) + len(wanted) >= self.max_entries:
-            self._done.clear()
-        for rollout_id in wanted:
-            self._done[rollout_id] = reward_facts(found.get(rollout_id, []))
+    return "\n".join((rollout.rollout_id, given, output or "")).lower()
 
 
 def reward_facts(reward_spans: list[Span]) -> tuple[float | None, str | None]:
+    """(final reward, agent name) of an attempt's reward spans, as its digest has them."""
     agent = next(
         (str(s.attributes[sc.AGENT_NAME]) for s in reward_spans if sc.AGENT_NAME in s.attributes), None
     )
     return final_reward(reward_spans), agent
 
 
-class TextCache:
-    """What search and the error filter read per finished rollout: its last model reply and the
-    type of its exception (a full read of its latest attempt's spans, so only when asked for)."""
+class Digests:
+    """Digests of given rollouts. A store that keeps them answers a query per ``IDS_PER_QUERY`` ids;
+    for one that does not (a remote store), digests are read from the spans and kept once finished."""
 
     def __init__(self, store: LightningStore, max_entries: int = 200_000) -> None:
         self.store, self.max_entries = store, max_entries
-        self._done: dict[str, tuple[str, str | None]] = {}
-        self._gate = asyncio.Semaphore(16)
+        self._done: dict[str, AttemptDigest | None] = {}
 
-    @staticmethod
-    def _of(spans: list[Span]) -> tuple[str, str | None]:
-        errors_ = [s for s in spans if s.name == sc.SPAN_EXCEPTION]
-        error = str(errors_[-1].attributes.get(sc.EXCEPTION_TYPE)) if errors_ else None
-        return training.output_text(spans), error
-
-    async def _read(self, rollout: Rollout) -> tuple[str, str | None]:
-        if rollout.rollout_id in self._done:
-            return self._done[rollout.rollout_id]
-        async with self._gate:
-            page = await self.store.query_spans(
-                rollout_id=rollout.rollout_id, attempt_id="latest", limit=MAX_SPANS
+    async def of(self, rollouts: list[Rollout]) -> list[AttemptDigest | None]:
+        """The digest of each rollout's latest attempt (None: nothing recorded yet)."""
+        keeps = self.store.keeps_digests
+        todo = [r.rollout_id for r in rollouts if keeps or r.rollout_id not in self._done]
+        found: dict[str, AttemptDigest] = {}
+        step = IDS_PER_QUERY if keeps else max(len(todo), 1)  # the slow path scans once for all
+        for n in range(0, len(todo), step):
+            if n:
+                await asyncio.sleep(0)  # let a page's own store calls in between
+            page = await self.store.query_digests(rollout_ids=todo[n : n + step])
+            found.update((d.rollout_id, d) for d in page.items)
+        if not keeps:
+            if len(self._done) + len(todo) >= self.max_entries:
+                self._done.clear()
+            self._done.update(
+                (r.rollout_id, found.get(r.rollout_id)) for r in rollouts if r.status.is_terminal
             )
-        found = self._of(page.items)
-        if rollout.status.is_terminal:
-            if len(self._done) >= self.max_entries:
-                self._done.clear()
-            self._done[rollout.rollout_id] = found
-        return found
+            return [
+                found[r.rollout_id] if r.rollout_id in found else self._done.get(r.rollout_id)
+                for r in rollouts
+            ]
+        return [found.get(r.rollout_id) for r in rollouts]
 
-    async def texts(self, rollouts: list[Rollout]) -> list[tuple[str, str | None]]:
-        missing = [r for r in rollouts if r.rollout_id not in self._done and r.status.is_terminal]
-        if len(missing) > BULK_AFTER:
-            wanted = {r.rollout_id for r in missing}
-            found: dict[str, list[Span]] = {}
-            cursor = None
-            while True:
-                page = await self.store.query_spans(attempt_id="latest", limit=10_000, cursor=cursor)
-                for span in page.items:
-                    if span.rollout_id in wanted:
-                        found.setdefault(span.rollout_id, []).append(span)
-                if (cursor := page.next_cursor) is None:
-                    break
-            # seconds of parsing for a large store: off the event loop, so other requests are served
-            done = await asyncio.to_thread(lambda: {rid: self._of(found.get(rid, [])) for rid in wanted})
-            if len(self._done) + len(wanted) >= self.max_entries:
-                self._done.clear()
-            self._done.update(done)
-        return await _fill(rollouts, self._done, self._read)
-
-
-async def _fill(
-    rollouts: list[Rollout], done: dict[str, Any], read: Callable[[Rollout], Awaitable[Any]]
-) -> list[Any]:
-    """Cached values as they are; only the others are read (a search over 10k rollouts stays cheap)."""
-    out = [done.get(r.rollout_id) for r in rollouts]
-    todo = [i for i, value in enumerate(out) if value is None]
-    for i, value in zip(todo, await asyncio.gather(*(read(rollouts[i]) for i in todo)), strict=True):
-        out[i] = value
-    return out
+    async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
+        """(reward, agent name) of each rollout."""
+        return [(d.reward, d.agent) if d else (None, None) for d in await self.of(rollouts)]
 
 
 @dataclass(slots=True)
 class IndexRow:
-    """One rollout as the list's filters and sorts read it: the rollout, its reward and agent name, and
-    its list view once built (plain fields: a query is one pass over 10k of them)."""
+    """One rollout as the list's filters and sorts read it: the rollout, its digest, and its list view
+    and search text once built (plain fields: a query is one pass over 10k of them)."""
 
     rollout: Rollout
-    reward: float | None
-    agent: str | None
+    digest: AttemptDigest | None
+    reward: float | None = None
+    agent: str | None = None
+    error: str | None = None
     rollout_id: str = ""
     status: str = ""
     terminal: bool = False
     mode: str | None = None
     group_id: str | None = None
     resources_id: str | None = None
-    #: a finished rollout's (search text, error type), once read
-    said: tuple[str, str | None] | None = None
+    _said: str | None = None
     _view: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:  # copied out: reading a field of the pydantic model costs 1 µs
-        r = self.rollout
+        r, d = self.rollout, self.digest
         self.rollout_id, self.status, self.terminal = r.rollout_id, r.status.value, r.status.is_terminal
         self.mode, self.group_id, self.resources_id = r.mode, r.group_id, r.resources_id
+        self.reward, self.agent, self.error = (d.reward, d.agent, d.error_type) if d else (None, None, None)
+        self._said = self._view = None
 
-    def update(self, rollout: Rollout, reward: float | None, agent: str | None) -> bool:
-        """Take the rollout's new state; whether anything changed."""
-        if (self.rollout, self.reward, self.agent) == (rollout, reward, agent):
+    def update(self, rollout: Rollout | None = None, digest: AttemptDigest | None | bool = False) -> bool:
+        """Take the rollout's new state and/or digest (``False``: unchanged); whether anything changed."""
+        new_rollout = self.rollout if rollout is None else rollout
+        new_digest = self.digest if digest is False else digest
+        assert not isinstance(new_digest, bool)
+        if new_rollout == self.rollout and new_digest == self.digest:
             return False
-        self.rollout, self.reward, self.agent, self._view = rollout, reward, agent, None
+        self.rollout, self.digest = new_rollout, new_digest
         self.__post_init__()
         return True
+
+    @property
+    def said(self) -> str:
+        """What search looks through (see :func:`haystack`)."""
+        if self._said is None:
+            self._said = haystack(self.rollout, self.digest.reply if self.digest else None)
+        return self._said
 
     def view(self) -> dict[str, Any]:
         if self._view is None:
@@ -206,24 +150,27 @@ def _ordered(rows: list[IndexRow], sort: str, descending: bool) -> list[IndexRow
 
 
 class RolloutIndex:
-    """Every rollout (up to ``SCAN_ROLLOUTS``), newest first, with its reward and agent name, kept current
-    by reading only the rollouts updated since the last read (and the facts of unfinished ones): a search
-    or sort over 10k rollouts must not reread them all on each poll. Each sort order is computed once per
-    change of the index, so a query is one filtering pass over a presorted list."""
+    """Every rollout (up to ``SCAN_ROLLOUTS``), newest first, with its digest, kept current by reading
+    only the rollouts updated since the last read and the digests stamped since then (a store without
+    stamped digests: those of unfinished rollouts): a search or sort over 10k rollouts must not reread
+    them all on each poll. Each sort order is computed once per change of the index, so a query is one
+    filtering pass over a presorted list. Reads go in chunks of ``READ_CHUNK`` with the event loop
+    yielded between them, so building it in the background slows the page's other calls little."""
 
     #: a full reread this often catches an update stamped before the newest one seen but committed after it
     FULL_EVERY_S = 60.0
 
-    def __init__(self, store: LightningStore, cache: RewardCache) -> None:
-        self.store, self.cache = store, cache
+    def __init__(self, store: LightningStore, digests: Digests) -> None:
+        self.store, self.digests = store, digests
         self._by_id: dict[str, IndexRow] = {}
         self._order: list[IndexRow] | None = None
         self._sorted: dict[tuple[str, bool], list[IndexRow]] = {}
         #: bumped whenever a row changes (a query's answer may then change)
         self.version = 0
-        #: whether some rollout is unfinished (its search text may then change at any time)
+        #: whether some rollout is unfinished
         self.running = False
         self._seen_until = float("-inf")
+        self._stamp = 0
         self._read_at = float("-inf")
         self._full_at = float("-inf")
         self._lock = asyncio.Lock()
@@ -233,16 +180,36 @@ class RolloutIndex:
         async with self._lock:
             if self._order is not None and time.monotonic() - self._read_at <= INDEX_TTL_S:
                 return self._order
+            keeps = self.store.keeps_digests
+            first = self._order is None
             changed = await self._changed()
-            running = [x.rollout for x in self._by_id.values() if not x.terminal]
-            fresh = {r.rollout_id: r for r in (*running, *changed)}  # a changed one replaces its old self
-            facts = await self.cache.facts(list(fresh.values()))
-            moved = bool(changed)
-            for rollout, (reward, agent) in zip(fresh.values(), facts, strict=True):
-                row = self._by_id.get(rollout.rollout_id)
+            # stamped digests first: one read past the rollouts' could miss a digest of a new attempt
+            stamped = await self._stamped() if keeps else {}
+            if first and keeps:  # ``_stamped`` read every digest: the rest have none yet
+                fresh = {r.rollout_id: (r, stamped.pop(r.rollout_id, None)) for r in changed}
+            else:
+                again = (
+                    changed
+                    if keeps
+                    else [*changed, *(x.rollout for x in self._by_id.values() if not x.terminal)]
+                )
+                again = list({r.rollout_id: r for r in again}.values())  # a changed one replaces its old self
+                found = await self.digests.of(again)
+                fresh = {r.rollout_id: (r, d) for r, d in zip(again, found, strict=True)}
+            moved = False
+            for n, (rollout_id, (rollout, digest)) in enumerate(fresh.items()):
+                stamped.pop(rollout_id, None)  # read together with its rollout: as new
+                row = self._by_id.get(rollout_id)
                 if row is None:
-                    self._by_id[rollout.rollout_id] = IndexRow(rollout, reward, agent)
-                elif row.update(rollout, reward, agent):
+                    self._by_id[rollout_id] = IndexRow(rollout, digest)
+                    moved = True
+                elif row.update(rollout, digest):
+                    moved = True
+                if n % 1000 == 999:
+                    await asyncio.sleep(0)
+            for rollout_id, digest in stamped.items():  # digests of rollouts that did not change
+                row = self._by_id.get(rollout_id)
+                if row is not None and row.update(digest=digest):
                     moved = True
             if moved or self._order is None:
                 order = sorted(self._by_id.values(), key=lambda x: x.rollout.created_at, reverse=True)
@@ -263,13 +230,25 @@ class RolloutIndex:
             self._sorted[key] = _ordered(rows, sort, descending)
         return self._sorted[key]
 
+    async def _stamped(self) -> dict[str, AttemptDigest]:
+        """Digests of latest attempts stamped since the last read (every one the first time)."""
+        found: dict[str, AttemptDigest] = {}
+        while True:
+            page = await self.store.query_digests(after=self._stamp, limit=4 * READ_CHUNK)
+            found.update((d.rollout_id, d) for d in page.items)
+            if page.items:
+                self._stamp = page.items[-1].stamp
+            if page.next_cursor is None:
+                return found
+            await asyncio.sleep(0)
+
     async def _changed(self) -> list[Rollout]:
         """Rollouts updated since the last read (all of them the first time), newest update first."""
         found: list[Rollout] = []
         cursor = None
         if time.monotonic() - self._full_at > self.FULL_EVERY_S:
             self._seen_until, self._full_at = float("-inf"), time.monotonic()
-        limit = 50 if self._seen_until > float("-inf") else 1000
+        limit = 50 if self._seen_until > float("-inf") else READ_CHUNK
         while len(found) < SCAN_ROLLOUTS:
             page = await self.store.query_rollouts(
                 order_by="updated_at", descending=True, limit=limit, cursor=cursor
@@ -277,7 +256,8 @@ class RolloutIndex:
             found.extend(page.items)
             if (cursor := page.next_cursor) is None or page.items[-1].updated_at < self._seen_until:
                 break
-            limit = 1000
+            limit = READ_CHUNK
+            await asyncio.sleep(0)
         if found:
             self._seen_until = max(self._seen_until, found[0].updated_at)
         return [

@@ -25,11 +25,18 @@ from agl.store import _logic
 from agl.store._lifecycle import Query, R, Tables, TableStore, Work
 from agl.store._sqlite_thread import GroupCommitThread
 from agl.store.base import (
+    DIGEST_SLOTS,
+    AttemptDigest,
+    DigestState,
     Kind,
     Page,
     StoreStatistics,
+    check_limit,
     decode_cursor,
     encode_cursor,
+    merge_digest,
+    resolve_digest,
+    span_digest,
 )
 
 
@@ -123,8 +130,25 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("host", "text", ""),
     ],
     "counters": [("name", "text", "PRIMARY KEY"), ("value", "int", "NOT NULL")],
+    # one row per attempt with spans that fill a digest slot (``AttemptDigest``), kept as spans arrive
+    "digests": [
+        ("rollout_id", "id", "NOT NULL"),
+        ("attempt_id", "id", "NOT NULL"),
+        ("stamp", "int", "NOT NULL"),
+        *(
+            column
+            for slot, (values, _) in DIGEST_SLOTS.items()
+            for column in (
+                (f"{slot}_seq", "int", ""),
+                *((v, "real" if v.endswith("_value") else "text", "") for v in values),
+            )
+        ),
+    ],
 }
-TABLE_EXTRAS = {"spans": ", PRIMARY KEY (rollout_id, attempt_id, span_id)"}
+TABLE_EXTRAS = {
+    "spans": ", PRIMARY KEY (rollout_id, attempt_id, span_id)",
+    "digests": ", PRIMARY KEY (rollout_id, attempt_id)",
+}
 INDEXES = [
     "rollouts_queue ON rollouts(queue_pos) WHERE queue_pos IS NOT NULL",
     "rollouts_status ON rollouts(status, pos)",
@@ -133,8 +157,79 @@ INDEXES = [
     "attempts_rollout ON attempts(rollout_id, pos)",
     "attempts_live ON attempts(live) WHERE live=1",
     "spans_order ON spans(rollout_id, sequence_id, span_id)",
+    "digests_stamp ON digests(stamp)",
 ]
-COUNTERS = ("queue", "resources", "spans", "span_bytes")
+#: ``digests``: the last digest stamp handed out (0: digests never written, see ``backfill_digests``)
+COUNTERS = ("queue", "resources", "spans", "span_bytes", "digests")
+_DIGEST_COLUMNS = [c for c, _, _ in COLUMNS["digests"]]
+_LATEST = (
+    "(SELECT a.attempt_id FROM attempts a WHERE a.rollout_id={t}.rollout_id ORDER BY a.pos DESC LIMIT 1)"
+)
+
+
+def _digest_upsert(p: str) -> str:
+    """One attempt's digest in: a slot changes only for a later span (an earlier one for ``ag``), so
+    concurrent writers (several PostgreSQL servers) merge instead of overwriting each other."""
+    updates = ["stamp=excluded.stamp"]
+    for slot, (values, first) in DIGEST_SLOTS.items():
+        seq = f"{slot}_seq"
+        newer = (
+            f"excluded.{seq} < COALESCE(digests.{seq}, 9223372036854775807)"
+            if first
+            else f"excluded.{seq} > COALESCE(digests.{seq}, -1)"
+        )
+        updates += [f"{c}=CASE WHEN {newer} THEN excluded.{c} ELSE digests.{c} END" for c in (seq, *values)]
+    return (
+        f"INSERT INTO digests ({', '.join(_DIGEST_COLUMNS)}) VALUES ({','.join([p] * len(_DIGEST_COLUMNS))}) "
+        f"ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET {', '.join(updates)}"
+    )
+
+
+def _digest_row(rollout_id: str, attempt_id: str, stamp: int, state: DigestState) -> tuple[Any, ...]:
+    row: list[Any] = [rollout_id, attempt_id, stamp]
+    for slot, (values, _) in DIGEST_SLOTS.items():
+        known = state.get(slot)
+        row += list(known) if known is not None else [None] * (1 + len(values))
+    return tuple(row)
+
+
+def _digest_of(row: Sequence[Any]) -> AttemptDigest:
+    state: DigestState = {}
+    n = 3
+    for slot, (values, _) in DIGEST_SLOTS.items():
+        if row[n] is not None:
+            state[slot] = tuple(row[n : n + 1 + len(values)])
+        n += 1 + len(values)
+    return resolve_digest(row[0], row[1], row[2], state)
+
+
+def write_digests(conn: Any, d: Dialect, states: dict[tuple[str, str], DigestState]) -> None:
+    """Merge the digests of a batch of spans (one state per attempt) into the table, newly stamped."""
+    if not states:
+        return
+    top = int(
+        conn.execute(
+            f"UPDATE counters SET value=value+{d.param} WHERE name='digests' RETURNING value", (len(states),)
+        ).fetchone()[0]
+    )
+    rows = [_digest_row(rid, aid, top - n, state) for n, ((rid, aid), state) in enumerate(states.items())]
+    conn.cursor().executemany(_digest_upsert(d.param), rows)
+
+
+def backfill_digests(conn: Any, d: Dialect) -> None:
+    """Digests of the spans a store holds from before it kept digests (written once: the counter is
+    0 only until digests are first written). Call inside the transaction that created the tables."""
+    if conn.execute("SELECT value FROM counters WHERE name='digests'").fetchone()[0]:
+        return
+    states: dict[tuple[str, str], DigestState] = {}
+    for rollout_id, attempt_id, sequence_id, name, data in conn.execute(
+        "SELECT rollout_id, attempt_id, sequence_id, name, data FROM spans"
+    ):
+        slots = span_digest(name, _logic.json_loads(data).get("attributes") or {})
+        if slots:
+            merge_digest(states.setdefault((rollout_id, attempt_id), {}), sequence_id, slots)
+    write_digests(conn, d, states)
+    conn.execute("UPDATE counters SET value=value+1 WHERE name='digests'")  # done, even with none
 
 
 def ddl(d: Dialect) -> list[str]:
@@ -340,7 +435,30 @@ class SqlTables(Tables):
         if stored:
             self._counter("spans", len(stored))
             self._counter("span_bytes", sum(row[5] for row in rows_out))
+            states: dict[tuple[str, str], DigestState] = {}
+            for span in stored:
+                slots = span_digest(span.name, span.attributes)
+                if slots:
+                    attempt = (span.rollout_id, span.attempt_id)
+                    merge_digest(states.setdefault(attempt, {}), span.sequence_id or 0, slots)
+            write_digests(self.conn, self.d, states)
         return stored
+
+    def digests(self, rollout_ids: Sequence[str] | None, after: int, limit: int) -> Page[AttemptDigest]:
+        """Digests of latest attempts stamped after ``after``, by stamp (one more read to see if more)."""
+        p = self.p
+        where = [f"d.stamp > {p}", f"d.attempt_id={_LATEST.format(t='d')}"]
+        args: list[Any] = [after]
+        if rollout_ids is not None:
+            where.append(f"d.rollout_id IN ({','.join([p] * len(rollout_ids))})" if rollout_ids else "1=0")
+            args += list(rollout_ids)
+        columns = ", ".join(f"d.{c}" for c in _DIGEST_COLUMNS)
+        rows = self.conn.execute(
+            f"SELECT {columns} FROM digests d WHERE {' AND '.join(where)} ORDER BY d.stamp LIMIT {p}",
+            (*args, limit + 1),
+        ).fetchall()
+        items = [_digest_of(r) for r in rows[:limit]]
+        return Page(items=items, next_cursor=str(items[-1].stamp) if len(rows) > limit else None)
 
     def next_sequence_id(self, rollout_id: str) -> int:
         row = self._one(
@@ -447,6 +565,32 @@ class SqlLightningStore(TableStore):
                 if RolloutStatus(row[0]).is_terminal:
                     out.append(Rollout.model_validate_json(row[1]))
             return out
+
+        return await self._tx(op, write=False)
+
+    keeps_digests = True
+
+    async def query_digests(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 10_000,
+    ) -> Page[AttemptDigest]:
+        check_limit(limit)
+        ids = None if rollout_ids is None else list(dict.fromkeys(rollout_ids))
+
+        def op(t: Tables, _: list[str]) -> Page[AttemptDigest]:
+            assert isinstance(t, SqlTables)
+            if ids is None or len(ids) <= 1000:
+                return t.digests(ids, after, limit)
+            items = [
+                d for n in range(0, len(ids), 1000) for d in t.digests(ids[n : n + 1000], after, limit).items
+            ]
+            items.sort(key=lambda d: d.stamp)
+            return Page(
+                items=items[:limit], next_cursor=str(items[limit - 1].stamp) if len(items) > limit else None
+            )
 
         return await self._tx(op, write=False)
 

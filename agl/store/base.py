@@ -13,12 +13,13 @@ import contextlib
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
 import orjson
 from pydantic import BaseModel, Field
 
+from agl import semconv as sc
 from agl.errors import StoreError
 from agl.schemas import (
     Attempt,
@@ -111,6 +112,110 @@ def check_limit(limit: int) -> int:
     if not 1 <= limit <= 10_000:
         raise StoreError(f"limit must be between 1 and 10000, got {limit}")
     return limit
+
+
+class AttemptDigest(BaseModel):
+    """What a list of rollouts shows of an attempt without reading its spans, kept by the store as the
+    spans arrive: its last model reply (text and tool-call names), the type of its last exception,
+    its final reward (as ``agl.adapter.final_reward``) and the agent named on its first reward span."""
+
+    rollout_id: str
+    attempt_id: str
+    reply: str | None = None
+    error_type: str | None = None
+    reward: float | None = None
+    agent: str | None = None
+    #: increases with every change the store makes to a digest (0 where the store keeps none)
+    stamp: int = 0
+
+
+#: slot -> (value fields, whether its earliest span wins; else its latest). ``gw``/``tr``: the last
+#: model call the gateway / a client-side tracer recorded (response id, reply); ``err``: exception
+#: type; ``rw``/``rl``: reward without / with a response id; ``ag``: agent named on a reward span
+DIGEST_SLOTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "gw": (("gw_id", "gw_text"), False),
+    "tr": (("tr_id", "tr_text"), False),
+    "err": (("err_type",), False),
+    "rw": (("rw_value",), False),
+    "rl": (("rl_value",), False),
+    "ag": (("ag_name",), True),
+}
+#: a digest's raw state: slot -> (sequence id, *values)
+DigestState = dict[str, tuple[Any, ...]]
+
+
+def span_digest(name: str, attributes: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """The digest slots one span fills (slot -> values), read from its name and attributes only (a
+    stored span's JSON need not become a :class:`Span`)."""
+    out: dict[str, tuple[Any, ...]] = {}
+    if (sc.LLM_API in attributes or name == sc.SPAN_LLM_CALL) and name != sc.SPAN_EMBEDDINGS:
+        message = attributes.get(sc.LLM_RESPONSE_MESSAGE)
+        message = message if isinstance(message, dict) else {}
+        content = message.get("content")
+        text = content if isinstance(content, str) else ""
+        names = [  # as the dashboard's ``output_text`` writes a reply
+            str((c.get("function") or {}).get("name", c.get("name", "?")))
+            for c in attributes.get(sc.LLM_TOOL_CALLS) or message.get("tool_calls") or []
+            if isinstance(c, dict)
+        ]
+        text += "".join(f" [tool call {n}]" for n in names)
+        response_id = attributes.get(sc.LLM_RESPONSE_ID)
+        slot = "gw" if str(attributes.get(sc.LLM_SOURCE, "gateway")) == "gateway" else "tr"
+        out[slot] = (str(response_id) if response_id else None, text)
+    elif name == sc.SPAN_EXCEPTION:
+        out["err"] = (str(attributes.get(sc.EXCEPTION_TYPE)),)
+    elif name == sc.SPAN_REWARD:
+        try:
+            value = float(attributes[sc.REWARD_VALUE])
+        except (KeyError, TypeError, ValueError):
+            value = None
+        if value is not None:
+            out["rl" if sc.REWARD_RESPONSE_ID in attributes else "rw"] = (value,)
+        if sc.AGENT_NAME in attributes:
+            out["ag"] = (str(attributes[sc.AGENT_NAME]),)
+    return out
+
+
+def merge_digest(state: DigestState, sequence_id: int, slots: Mapping[str, tuple[Any, ...]]) -> None:
+    """Fold one span's slots into ``state``: the latest span wins a slot (the earliest for ``ag``)."""
+    for slot, values in slots.items():
+        known = state.get(slot)
+        first = DIGEST_SLOTS[slot][1]
+        if known is None or (sequence_id < known[0] if first else sequence_id > known[0]):
+            state[slot] = (sequence_id, *values)
+
+
+def resolve_digest(rollout_id: str, attempt_id: str, stamp: int, state: DigestState) -> AttemptDigest:
+    """The digest a state stands for. A tracer's record of the gateway's last response is that
+    response (the gateway's record wins, as in ``agl.adapter.llm_calls``)."""
+    gw, tr = state.get("gw"), state.get("tr")
+    reply = None
+    if tr is not None and (gw is None or (tr[0] > gw[0] and not (tr[1] and tr[1] == gw[1]))):
+        reply = tr[2]
+    elif gw is not None:
+        reply = gw[2]
+    reward = state.get("rw") or state.get("rl")
+    return AttemptDigest(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        reply=reply,
+        error_type=state["err"][1] if "err" in state else None,
+        reward=reward[1] if reward else None,
+        agent=state["ag"][1] if "ag" in state else None,
+        stamp=stamp,
+    )
+
+
+def digests_of(spans: Iterable[Span]) -> list[AttemptDigest]:
+    """The digest of each attempt among ``spans`` (the slow path: from the spans themselves)."""
+    states: dict[tuple[str, str], DigestState] = {}
+    for span in spans:
+        slots = span_digest(span.name, span.attributes)
+        if slots:
+            merge_digest(
+                states.setdefault((span.rollout_id, span.attempt_id), {}), span.sequence_id or 0, slots
+            )
+    return [resolve_digest(rid, aid, 0, state) for (rid, aid), state in states.items()]
 
 
 class CompletionWaiters:
@@ -259,6 +364,47 @@ class LightningStore(ABC):
         cursor: str | None = None,
     ) -> Page[Span]:
         """Spans ordered by (rollout, sequence_id); ``attempt_id="latest"`` picks each rollout's last attempt."""
+
+    #: whether :meth:`query_digests` reads digests the store keeps (stamped, so ``after`` works)
+    keeps_digests: bool = False
+
+    async def query_digests(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 10_000,
+    ) -> Page[AttemptDigest]:
+        """Digests of each rollout's latest attempt (none for one without model calls, exceptions or
+        rewards), by increasing ``stamp``, only those stamped after ``after``; ``next_cursor`` is the
+        last stamp (pass it as ``after``) when more remain.
+
+        This default reads the spans (every latest-attempt span for more than 64 rollouts), so it
+        needs ``rollout_ids`` and ignores ``after``; stores with ``keeps_digests`` answer from a table.
+        """
+        if rollout_ids is None:
+            raise StoreError(f"{type(self).__name__} keeps no digests: pass rollout_ids")
+        check_limit(limit)
+        wanted = set(rollout_ids)
+        spans: list[Span] = []
+        if len(wanted) > 64:  # one scan of every latest attempt beats hundreds of small queries
+            cursor = None
+            while True:
+                page = await self.query_spans(attempt_id="latest", limit=10_000, cursor=cursor)
+                spans += [s for s in page.items if s.rollout_id in wanted]
+                if (cursor := page.next_cursor) is None:
+                    break
+        else:
+            gate = asyncio.Semaphore(16)
+
+            async def read(rollout_id: str) -> list[Span]:
+                async with gate:
+                    page = await self.query_spans(rollout_id=rollout_id, attempt_id="latest", limit=10_000)
+                return page.items
+
+            for found in await asyncio.gather(*(read(r) for r in wanted)):
+                spans += found
+        return Page(items=digests_of(spans)[:limit])
 
     # ----- resources ------------------------------------------------------------------------
     @abstractmethod

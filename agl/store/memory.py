@@ -24,7 +24,9 @@ from agl.schemas import (
 from agl.store._lifecycle import Query, R, Tables, TableStore, Work
 from agl.store.base import (
     SCALAR_KIND,
+    AttemptDigest,
     Clock,
+    DigestState,
     InvalidCursorError,
     Kind,
     Page,
@@ -33,6 +35,9 @@ from agl.store.base import (
     check_limit,
     decode_cursor,
     encode_cursor,
+    merge_digest,
+    resolve_digest,
+    span_digest,
 )
 
 
@@ -87,6 +92,9 @@ class MemoryTables(Tables):
         self.versions: dict[str, ResourcesVersion] = {}
         self.latest: str | None = None
         self.workers: dict[str, Worker] = {}
+        #: (rollout id, attempt id) -> (stamp, digest state), kept as spans arrive
+        self.digests: dict[tuple[str, str], tuple[int, DigestState]] = {}
+        self.digest_stamps = itertools.count(1)
 
     def rollout(self, rollout_id: str) -> Rollout | None:
         found = self.rollouts.get(rollout_id)
@@ -155,7 +163,26 @@ class MemoryTables(Tables):
             self.spans.setdefault(span.rollout_id, []).append(span)
             self.span_bytes += len(span.model_dump_json())
             stored.append(span)
+            slots = span_digest(span.name, span.attributes)
+            if slots:
+                attempt = (span.rollout_id, span.attempt_id)
+                state = self.digests[attempt][1] if attempt in self.digests else {}
+                merge_digest(state, span.sequence_id or 0, slots)
+                self.digests[attempt] = (next(self.digest_stamps), state)
         return stored
+
+    def latest_digests(self, rollout_ids: Sequence[str] | None, after: int) -> list[AttemptDigest]:
+        """Digests of latest attempts stamped after ``after``, by stamp."""
+        ids = self.rollout_attempts.keys() if rollout_ids is None else rollout_ids
+        out = []
+        for rid in ids:
+            attempts = self.rollout_attempts.get(rid)
+            if not attempts:
+                continue
+            found = self.digests.get((rid, attempts[-1]))
+            if found is not None and found[0] > after:
+                out.append(resolve_digest(rid, attempts[-1], found[0], found[1]))
+        return sorted(out, key=lambda d: d.stamp)
 
     def next_sequence_id(self, rollout_id: str) -> int:
         seq = self.next_seq[rollout_id]
@@ -224,6 +251,23 @@ class InMemoryLightningStore(TableStore):
         with self._lock:
             rollouts = [TableStore._rollout(self._t, i) for i in rollout_ids]
             return [r for r in rollouts if r.status.is_terminal]
+
+    keeps_digests = True
+
+    async def query_digests(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 10_000,
+    ) -> Page[AttemptDigest]:
+        check_limit(limit)
+        with self._lock:
+            items = self._t.latest_digests(
+                None if rollout_ids is None else list(dict.fromkeys(rollout_ids)), after
+            )
+        more = len(items) > limit
+        return Page(items=items[:limit], next_cursor=str(items[limit - 1].stamp) if more else None)
 
     async def statistics(self) -> StoreStatistics:
         with self._lock:

@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 
 from agl.schemas import now_s
-from agl.store._sql import SQLITE, SqlLightningStore, ddl
+from agl.store._sql import SQLITE, SqlLightningStore, backfill_digests, ddl
 from agl.store.base import Clock
 
 
@@ -50,4 +50,11 @@ class SqliteLightningStore(SqlLightningStore):
         conn.execute("PRAGMA foreign_keys=ON")
         with contextlib.suppress(sqlite3.OperationalError):  # another process created it first
             conn.executescript(";\n".join(ddl(SQLITE)) + ";")
+        conn.execute("BEGIN IMMEDIATE")  # a file from before digests were kept: written once, here
+        try:
+            backfill_digests(conn, SQLITE)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
         self._open(conn, f"agl-sqlite-{Path(self.path).name}")
