@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from agl.engines.builtin import Engine, SamplingParams
 from agl.errors import ConfigError, InvalidRequestError
+from tests.support.waiting import until
 
 from .conftest import TOOL_MESSAGES, TOOL_REPLY, TOOLS
 
@@ -191,14 +193,22 @@ async def test_bad_input_raises_clear_errors(engine: Engine, tmp_path: Path) -> 
     assert engine.model_version == "v0"
 
 
-async def test_cancelled_request_stops_decoding(engine: Engine) -> None:
+async def test_cancelled_request_stops_decoding(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     ids = _chat(engine, "Cancel me")
+    tokens = 0
+    on_token = engine._on_token
+
+    def counting(seq: Any) -> None:  # called on the decoding thread, once per token of each sequence
+        nonlocal tokens
+        tokens += 1
+        on_token(seq)
+
+    monkeypatch.setattr(engine, "_on_token", counting)  # the scheduler started below takes this one
     task = asyncio.ensure_future(
         engine.generate(ids, SamplingParams(temperature=1.0, max_tokens=2000, seed=0))
     )
-    while engine._task is None or engine._pending:
-        await asyncio.sleep(0)
-    await asyncio.sleep(0.05)
+    await until(lambda: tokens >= 3, "the request to be decoding")
+    assert not task.done()
     task.cancel()
     start = asyncio.get_running_loop().time()
     while engine._task is not None:  # the scheduler drops the aborted row and goes idle

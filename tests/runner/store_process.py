@@ -51,7 +51,7 @@ class StoreProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self, timeout_s: float = 30.0) -> StoreProcess:
+    def start(self, timeout_s: float = 120.0) -> StoreProcess:  # returns once healthy; slow on a busy host
         cmd = [PYTHON, "-m", "agl", "store", "serve", "--host", self.host, "--port", str(self.port)]
         cmd += ["--backend", f"sqlite:///{self.db}"] + (["--token", self.token] if self.token else [])
         self.proc = subprocess.Popen(cmd, env=child_env(), cwd=ROOT)

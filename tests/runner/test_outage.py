@@ -15,6 +15,7 @@ from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate, RolloutStatus
 from agl.store.client import LightningStoreClient
 from agl.tracer.writer import GaveUp, StoreOutage
 from tests.runner.store_process import StoreProcess
+from tests.support.waiting import until
 
 OUTAGE_S = 4.0  # the client below gives up after ~0.15 s, so this is ~25 times its retry window
 
@@ -55,7 +56,12 @@ async def test_runner_survives_a_store_restart_and_finishes(
         await asyncio.wait_for(in_flight.wait(), 30)
         await asyncio.to_thread(server.kill)  # two attempts are mid-run
         killed_at = time.monotonic()
-        await asyncio.sleep(OUTAGE_S)
+        # the outage as the runner lived it: it noticed the store gone and has ridden that out for OUTAGE_S
+        await until(
+            lambda: run.done() or runner.outage.down_for() >= OUTAGE_S,
+            f"the runner to ride out {OUTAGE_S:g}s of outage",
+            timeout_s=60,
+        )
         assert not run.done(), run  # the old runner raised StoreUnavailableError and exited here
         await asyncio.to_thread(server.start)
         outcomes = await asyncio.wait_for(run, 60)

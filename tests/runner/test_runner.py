@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
@@ -28,6 +29,8 @@ from agl.schemas import (
     Span,
 )
 from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from tests.store.conftest import FakeClock
+from tests.support.waiting import until
 
 
 async def _run(agent: Any, store: LightningStore, n: int, **kwargs: Any) -> list[Any]:
@@ -144,15 +147,25 @@ async def test_timeout_cancels_agent_and_retries() -> None:
 
 
 async def test_heartbeats_keep_a_long_attempt_alive() -> None:
-    store = InMemoryLightningStore(watchdog_interval_s=0.05)
+    """On the store's own clock the attempt runs 1.5 s against a 0.4 s heartbeat timeout; the watchdog
+    passes between steps find it alive only because each step waits for a heartbeat that lands after it."""
+    clock = FakeClock()
+    store = InMemoryLightningStore(clock=clock, watchdog_interval_s=0)  # the agent runs the watchdog
+
+    async def heartbeat_since(rollout_id: str, moment: float) -> bool:
+        (attempt,) = (await store.query_attempts(rollout_id=rollout_id)).items
+        return attempt.last_heartbeat_at is not None and attempt.last_heartbeat_at >= moment
 
     @agl.rollout
-    async def agent(task: str) -> float:
-        await asyncio.sleep(1.0)
+    async def agent(task: str, rollout: Rollout) -> float:
+        for _ in range(5):
+            clock.advance(0.3)
+            await until(functools.partial(heartbeat_since, rollout.rollout_id, clock()), "a heartbeat")
+            assert await store.run_watchdog() == []
         return 1.0
 
     rollout = await store.enqueue_rollout("x", retry=RetryConfig(heartbeat_timeout_s=0.4))
-    (outcome,) = await _run(agent, store, 1, heartbeat_interval_s=0.1)
+    (outcome,) = await _run(agent, store, 1, heartbeat_interval_s=0.05)
     assert outcome.status == AttemptStatus.SUCCEEDED
     assert (await store.get_rollout(rollout.rollout_id)).status == RolloutStatus.SUCCEEDED
     await store.aclose()
@@ -318,6 +331,7 @@ class _WatchedStore(InMemoryLightningStore):
         super().__init__()
         self.enabled: list[tuple[str, bool]] = []
         self.failing_writes = failing_writes
+        self.heartbeated = asyncio.Event()
 
     def _note(self, call: str) -> None:
         from opentelemetry.instrumentation.utils import is_instrumentation_enabled
@@ -333,6 +347,7 @@ class _WatchedStore(InMemoryLightningStore):
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Rollout:
         self._note("heartbeat")
+        self.heartbeated.set()
         return await super().heartbeat(rollout_id, attempt_id)
 
     async def update_attempt(self, *args: Any, **kwargs: Any) -> Any:
@@ -348,7 +363,7 @@ async def test_store_calls_run_with_instrumentation_suppressed() -> None:
         from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
         assert is_instrumentation_enabled()  # the agent itself stays traced
-        await asyncio.sleep(0.15)
+        await asyncio.wait_for(store.heartbeated.wait(), 30)  # runs until a heartbeat has been sent
         return 1.0
 
     await store.enqueue_rollout("x")

@@ -28,6 +28,7 @@ from agl.schemas import (
 )
 from agl.store import LightningStore
 from tests.store.conftest import FakeClock
+from tests.support.waiting import until
 
 A = AttemptStatus
 R = RolloutStatus
@@ -675,18 +676,20 @@ async def test_query_attempts_filters(store: LightningStore) -> None:
 # ----- waiting -----------------------------------------------------------------------------
 
 
+def _waiting(store: LightningStore) -> bool:
+    """Whether a ``wait_for_rollouts`` is registered where completions are announced (the server's own
+    store, behind an HTTP client): from then on a completion must wake it."""
+    return bool(getattr(store, "inner_store", store)._waiters._waiters)
+
+
 async def test_wait_wakes_on_completion(store: LightningStore) -> None:
     c = await _claim(store)
     rid = c.rollout.rollout_id
-
-    async def finish_later() -> None:
-        await asyncio.sleep(0.1)
-        await store.update_attempt(rid, c.attempt.attempt_id, status=A.SUCCEEDED)
-
     started = time.monotonic()
-    task = asyncio.create_task(finish_later())
-    done = await store.wait_for_rollouts([rid], timeout_s=20)
-    await task
+    waiter = asyncio.create_task(store.wait_for_rollouts([rid], timeout_s=20))
+    await until(lambda: _waiting(store), "wait_for_rollouts to be waiting")
+    await store.update_attempt(rid, c.attempt.attempt_id, status=A.SUCCEEDED)
+    done = await waiter
     assert [r.status for r in done] == [R.SUCCEEDED]
     assert time.monotonic() - started < 5
 
@@ -703,12 +706,12 @@ async def test_wait_many_concurrent_completions(store: LightningStore) -> None:
     claims = [await _claim(store) for _ in range(20)]
 
     async def finish(c) -> None:  # type: ignore[no-untyped-def]
-        await asyncio.sleep(0.01)
         await store.update_attempt(c.rollout.rollout_id, c.attempt.attempt_id, status=A.SUCCEEDED)
 
     waiter = asyncio.create_task(
         store.wait_for_rollouts([c.rollout.rollout_id for c in claims], timeout_s=20)
     )
+    await until(lambda: _waiting(store), "wait_for_rollouts to be waiting")
     await asyncio.gather(*(finish(c) for c in claims))
     assert len(await waiter) == 20
 

@@ -18,6 +18,7 @@ import pytest
 from agl.errors import AglError
 from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate, RolloutStatus, Span
 from agl.store.client import LightningStoreClient
+from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -100,10 +101,11 @@ async def test_kill_9_server_mid_load_loses_nothing_acknowledged(backend: str) -
                 pass  # superseded while the server was down: the store retries the rollout
 
     workers = [asyncio.create_task(worker(f"w{i}")) for i in range(6)]
-    await asyncio.sleep(0.6)
+    # mid-load: spans are being acknowledged (3 per rollout, 180 in all) when the server dies
+    await until(lambda: len(acked_spans) >= 12, "the workers to have spans acknowledged")
     server.send_signal(signal.SIGKILL)
     server.wait()
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # the outage itself: the workers' calls fail and retry meanwhile
     server = _start_server(backend, port)
     try:
         await asyncio.wait_for(asyncio.gather(*workers), 90)

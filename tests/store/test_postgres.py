@@ -8,6 +8,7 @@ from agl.schemas import AttemptStatus, RolloutCreate, Span
 from agl.store import open_store
 from agl.store.postgres import PostgresLightningStore
 from tests.store.remote_backends import PG_DSN, postgres_store, serve
+from tests.support.waiting import until
 
 
 async def test_two_servers_one_database_split_runners() -> None:
@@ -53,8 +54,8 @@ async def test_a_completion_on_one_store_wakes_a_waiter_on_another_without_polli
         try:
             (rollout,) = await first.enqueue_rollouts([RolloutCreate(input=1)])
             waiter = asyncio.create_task(second.wait_for_rollouts([rollout.rollout_id], timeout_s=60))
-            while not second._waiters._waiters:  # registered: from here on a notification reaches it
-                await asyncio.sleep(0.01)
+            # registered: from here on a notification reaches it
+            await until(lambda: bool(second._waiters._waiters), "the waiter to register")
             claimed = await first.dequeue("w")
             assert claimed is not None
             await first.update_attempt(
@@ -76,8 +77,7 @@ async def test_notify_splits_many_long_ids_under_the_payload_limit() -> None:
             ids = [f"ro-{i:04d}-" + "x" * 80 for i in range(300)]
             await first.enqueue_rollouts([RolloutCreate(input=i, rollout_id=r) for i, r in enumerate(ids)])
             waiter = asyncio.create_task(second.wait_for_rollouts(ids, timeout_s=60))
-            while not second._waiters._waiters:
-                await asyncio.sleep(0.01)
+            await until(lambda: bool(second._waiters._waiters), "the waiter to register")
             await asyncio.gather(*(first.cancel_rollout(r) for r in ids))
             done = await asyncio.wait_for(waiter, 30)
             assert sorted(r.rollout_id for r in done) == ids

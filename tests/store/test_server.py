@@ -16,6 +16,7 @@ from agl.store import InMemoryLightningStore, open_store
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app
 from tests.store.remote_backends import serve
+from tests.support.waiting import until
 
 TOKEN = "s3cret-token"
 
@@ -157,7 +158,8 @@ async def test_waiting_long_polls_instead_of_polling() -> None:
         client._request = counting  # type: ignore[method-assign]
         rollouts = await inner.enqueue_rollouts([RolloutCreate(input=i) for i in range(200)])
         waiter = asyncio.create_task(client.wait_for_rollouts([r.rollout_id for r in rollouts], timeout_s=30))
-        await asyncio.sleep(0.3)
+        # the long poll has reached the store: every completion below happens while it waits
+        await until(lambda: bool(inner._waiters._waiters), "the long poll to reach the store")
         while (claimed := await inner.dequeue("w")) is not None:
             await inner.update_attempt(
                 claimed.rollout.rollout_id, claimed.attempt.attempt_id, status=AttemptStatus.SUCCEEDED

@@ -13,6 +13,7 @@ from agl.errors import StoreUnavailableError
 from agl.schemas import RolloutCreate, Span
 from agl.store import InMemoryLightningStore
 from agl.tracer.writer import SpanTally, SpanWriter
+from tests.support.waiting import until
 
 
 class FlakyStore(InMemoryLightningStore):
@@ -74,7 +75,9 @@ async def test_an_outage_is_ridden_out_and_the_spans_written_in_order_after_it()
         assert writer.submit(_span(rid, aid, i))
     await asyncio.wait_for(store.refused.wait(), 10)
     flushed = asyncio.ensure_future(writer.flush())
-    await asyncio.sleep(0.2)  # a flush waits through the outage rather than give the spans up
+    refused = len(store.calls)
+    # a flush waits through the outage rather than give the spans up: still waiting after 3 more retries
+    await until(lambda: len(store.calls) >= refused + 3, "the writer to retry through the outage")
     assert not flushed.done() and writer.outage.down and writer.queued == 30
     store.down = False
     await asyncio.wait_for(flushed, 10)
@@ -121,8 +124,9 @@ async def test_put_waits_for_room_instead_of_dropping() -> None:
     store.down = True
     put = asyncio.ensure_future(writer.put([_span(rid, aid, i) for i in range(7)]))
     await asyncio.wait_for(store.refused.wait(), 10)
-    await asyncio.sleep(0.05)
+    await until(lambda: len(store.calls) >= 3, "the writer to retry the stuck batch")
     assert not put.done()  # 2 in the stuck batch, 2 queued: the rest wait for room
+    assert writer.queued == 4
     store.down = False
     await asyncio.wait_for(put, 10)
     await writer.flush()
