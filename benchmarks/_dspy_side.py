@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspy  # noqa: E402
 
-from agl.testing.price_tasks import CATALOG_CENTS, grade, make_tasks  # noqa: E402
+from examples.apo.price_tasks import CATALOG_CENTS, grade, make_tasks  # noqa: E402
 
 
 class PriceProgram(dspy.Module):  # type: ignore[misc]

@@ -33,9 +33,9 @@ import agl  # noqa: E402
 from agl.algorithm.apo import APO, APOConfig  # noqa: E402
 from agl.schemas import LLM, PromptTemplate  # noqa: E402
 from agl.store import InMemoryLightningStore  # noqa: E402
-from agl.testing.price_tasks import make_tasks  # noqa: E402
-from agl.testing.simulated_lm import SimulatedLM, SimulatedLMServer  # noqa: E402
 from examples.apo.agent import price_agent  # noqa: E402
+from examples.apo.price_tasks import make_tasks  # noqa: E402
+from examples.apo.simulated_lm import SimulatedLM, SimulatedLMServer  # noqa: E402
 
 START_PROMPT = "You are a shopping assistant. Answer the question."
 

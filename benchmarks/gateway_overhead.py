@@ -1,6 +1,6 @@
 """Gateway overhead: latency added per call and max requests/s, vs calling the upstream directly.
 
-Three processes: the scripted upstream (:class:`agl.testing.openai_upstream.OpenAIUpstream`), the gateway
+Three processes: the scripted upstream (:class:`tests.support.openai_upstream.OpenAIUpstream`), the gateway
 (in front of it, recording every call into an in-memory store through a rollout-scoped URL), and this
 one, whose clients are asyncio tasks, one keep-alive connection each, speaking raw HTTP/1.1 (httpx's
 client costs more than the gateway and collapses at 32 concurrent requests, see encode/httpx#3215). Each
@@ -37,7 +37,7 @@ PAYLOAD = json.dumps(
 
 def serve_upstream() -> None:
     """Child role: the scripted upstream, until stdin closes."""
-    from agl.testing.openai_upstream import OpenAIUpstream
+    from tests.support.openai_upstream import OpenAIUpstream
 
     with OpenAIUpstream(token_ids=True, record_bodies=False) as up:
         up.requests = _Discard()  # a benchmark run must not grow memory with every request

@@ -25,8 +25,8 @@ from openinference.instrumentation.openai import OpenAIInstrumentor  # noqa: E40
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
 from agl.schemas import Attempt, Rollout  # noqa: E402
-from agl.testing.simulated_lm import SimulatedLMServer  # noqa: E402
 from agl.tracer import RolloutContext, instrument, rollout_context, uninstrument  # noqa: E402
+from examples.apo.simulated_lm import SimulatedLMServer  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "ANSWER:"},

@@ -417,7 +417,7 @@ def test_each_benchmark_names_the_extras_its_imports_need() -> None:
 
     extras = {name: {_distribution(r) for r in reqs} for name, reqs in _extras().items()}
     siblings = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}  # a script imports its neighbours
-    own = set(sys.stdlib_module_names) | {"agl", "examples", "benchmarks"} | siblings
+    own = set(sys.stdlib_module_names) | {"agl", "examples", "benchmarks", "tests"} | siblings
     dists = packages_distributions()
     needed: set[str] = set()
     for path in (ROOT / "benchmarks").glob("*.py"):

@@ -27,7 +27,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -47,6 +47,9 @@ from agl.serving import BackgroundServer
 from agl.store.base import LightningStore
 from agl.tracer.writer import SpanWriter
 
+if TYPE_CHECKING:
+    import httpx
+
 logger = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
@@ -61,7 +64,9 @@ class Gateway:
 
     ``upstreams`` are base URLs (``http://host:port/v1``) or :class:`UpstreamConfig`. ``start()`` serves on a
     background thread (port 0: a free port); ``stop()`` drains the recorder into the store. ``token`` guards
-    the admin routes and ``client_token`` the model routes (see the module docstring).
+    the admin routes and ``client_token`` the model routes (see the module docstring). ``transport`` carries
+    upstream requests instead of the network, to run a gateway without a model server (for example
+    ``agl.testing.InMemoryUpstream().transport``, or any ``httpx`` transport).
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class Gateway:
         port: int = 0,
         token: str | None = None,
         client_token: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not upstreams:
             raise GatewayError("a gateway needs at least one upstream URL (e.g. http://127.0.0.1:8000/v1)")
@@ -81,7 +87,7 @@ class Gateway:
         self.config = config or GatewayConfig()
         self.upstreams = [u if isinstance(u, UpstreamConfig) else UpstreamConfig(url=u) for u in upstreams]
         self.pool = UpstreamPool(self.upstreams)
-        self.forwarder = Forwarder(self.pool, self.config)
+        self.forwarder = Forwarder(self.pool, self.config, transport)
         self.paused = False
         self.inflight = 0
         self._drained = asyncio.Event()

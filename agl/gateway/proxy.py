@@ -2,7 +2,9 @@
 
 Upstream calls use one pooled ``aiohttp.ClientSession`` per gateway: httpx costs several times more CPU
 per call and its pool degrades sharply at a few dozen concurrent requests (encode/httpx#3215), which
-would make the gateway the bottleneck (see benchmarks/gateway_overhead.py).
+would make the gateway the bottleneck (see benchmarks/gateway_overhead.py). Given an
+``httpx.AsyncBaseTransport`` (the seam for running a gateway without a model server, e.g.
+:class:`agl.testing.InMemoryUpstream`), calls go through an ``httpx.AsyncClient`` on it instead.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 import aiohttp
+import httpx
 import orjson
 
 from agl.gateway.config import GatewayConfig
@@ -23,7 +27,7 @@ from agl.gateway.validation import API_PATHS, HTTPError
 logger = logging.getLogger(__name__)
 
 _SUFFIX = {v: k for k, v in API_PATHS.items()}
-_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
+_UPSTREAM_ERRORS = (aiohttp.ClientError, httpx.TransportError, TimeoutError)
 
 
 class _Retry(Exception):
@@ -37,26 +41,84 @@ def auth_header(replica: Replica, incoming: str | None) -> dict[str, str]:
     return {"authorization": incoming} if incoming else {}
 
 
-class Forwarder:
-    """Sends calls to the pool's replicas; ``open()`` binds it to the running loop."""
+class _Reply(Protocol):
+    """An upstream response, whichever client fetched it."""
 
-    def __init__(self, pool: UpstreamPool, config: GatewayConfig) -> None:
+    status: int
+    content_type: str | None
+
+    async def read(self) -> bytes: ...
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    async def release(self) -> None: ...
+
+
+class _AiohttpReply:
+    __slots__ = ("_response", "content_type", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response, self.status = response, response.status
+        self.content_type = response.headers.get("content-type")
+
+    async def read(self) -> bytes:
+        return await self._response.read()
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._response.content.iter_any()
+
+    async def release(self) -> None:
+        self._response.release()
+
+
+class _HttpxReply:
+    __slots__ = ("_response", "content_type", "status")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response, self.status = response, response.status_code
+        self.content_type = response.headers.get("content-type")
+
+    async def read(self) -> bytes:
+        return await self._response.aread()
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._response.aiter_bytes()
+
+    async def release(self) -> None:
+        await self._response.aclose()
+
+
+class Forwarder:
+    """Sends calls to the pool's replicas; ``open()`` binds it to the running loop.
+
+    ``transport``, when given, carries every upstream request instead of the network (see the module docstring).
+    """
+
+    def __init__(
+        self, pool: UpstreamPool, config: GatewayConfig, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.pool = pool
         self.config = config
+        self.transport = transport
         self._session: aiohttp.ClientSession | None = None
+        self._client: httpx.AsyncClient | None = None
         self._health: asyncio.Task[None] | None = None
 
     def open(self) -> None:
-        if self._session is None:
+        if self._session is None and self._client is None:
             cfg = self.config
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0),
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s
-                ),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
+            if self.transport is not None:
+                timeout = httpx.Timeout(None, connect=cfg.connect_timeout_s, read=cfg.read_timeout_s)
+                self._client = httpx.AsyncClient(transport=self.transport, timeout=timeout)
+            else:
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=cfg.max_connections, limit_per_host=0),
+                    timeout=aiohttp.ClientTimeout(
+                        total=None, sock_connect=cfg.connect_timeout_s, sock_read=cfg.read_timeout_s
+                    ),
+                    auto_decompress=False,
+                    skip_auto_headers=("User-Agent",),
+                )
             self._health = asyncio.get_running_loop().create_task(
                 self._health_loop(), name="agl-gateway-health"
             )
@@ -66,13 +128,31 @@ class Forwarder:
             self._health.cancel()
         if self._session is not None:
             await self._session.close()
-        self._session = self._health = None
+        if self._client is not None:
+            await self._client.aclose()
+        self._session = self._client = self._health = None
 
-    @property
-    def session(self) -> aiohttp.ClientSession:
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        data: bytes | None = None,
+        timeout_s: float | None = None,
+    ) -> _Reply:
+        """Send one request upstream; the caller reads the reply and must release it."""
+        if self._client is not None:
+            limit = httpx.USE_CLIENT_DEFAULT if timeout_s is None else httpx.Timeout(timeout_s)
+            request = self._client.build_request(method, url, content=data, headers=headers, timeout=limit)
+            return _HttpxReply(await self._client.send(request, stream=True))
         if self._session is None:
             raise RuntimeError("Forwarder.open() was not called")
-        return self._session
+        if timeout_s is None:
+            return _AiohttpReply(await self._session.request(method, url, data=data, headers=headers))
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        return _AiohttpReply(
+            await self._session.request(method, url, data=data, headers=headers, timeout=timeout)
+        )
 
     async def forward(
         self,
@@ -145,11 +225,11 @@ class Forwarder:
         began = time.perf_counter()
         try:
             try:
-                response = await self.session.post(f"{cfg.url}/{_SUFFIX[api]}", data=data, headers=headers)
+                response = await self._request("POST", f"{cfg.url}/{_SUFFIX[api]}", headers, data)
             except _UPSTREAM_ERRORS as exc:
                 raise _Retry(f"{cfg.backend}: {type(exc).__name__}: {exc}") from exc
             try:
-                is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+                is_sse = (response.content_type or "").startswith("text/event-stream")
                 if request.get("stream") is True and is_sse and response.status < 400:
                     self.pool.mark_ok(replica)
                     await self._relay(response, replica, record, send)
@@ -166,19 +246,17 @@ class Forwarder:
                 self.pool.mark_ok(replica)
                 if record is not None:
                     record.status_code, record.response, record.end_ns = response.status, content, now_ns()
-                ctype = response.headers.get("content-type", "application/json").encode()
+                ctype = (response.content_type or "application/json").encode()
                 head = [(b"content-type", ctype), (b"content-length", str(len(content)).encode())]
                 await send({"type": "http.response.start", "status": response.status, "headers": head})
                 await send({"type": "http.response.body", "body": content})
                 return response.status, spent
             finally:
-                response.release()
+                await response.release()
         finally:
             replica.inflight -= 1
 
-    async def _relay(
-        self, response: aiohttp.ClientResponse, replica: Replica, record: CallRecord | None, send: Any
-    ) -> None:
+    async def _relay(self, response: _Reply, replica: Replica, record: CallRecord | None, send: Any) -> None:
         """Pass SSE chunks through as they arrive, keeping them for the recorder."""
         chunks: list[bytes] = []
         if record is not None:
@@ -186,7 +264,7 @@ class Forwarder:
         head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": response.status, "headers": head})
         try:
-            async for chunk in response.content.iter_any():
+            async for chunk in response.chunks():
                 chunks.append(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except _UPSTREAM_ERRORS as exc:  # too late to retry: the agent has part of the answer
@@ -203,9 +281,13 @@ class Forwarder:
         ids = dict.fromkeys(self.pool.models())
         for replica in [r for r in self.pool.replicas if r.config.models is None and r.healthy][:1]:
             try:
-                url = f"{replica.config.url}/models"
-                async with self.session.get(url, headers=auth_header(replica, None)) as response:
+                response = await self._request(
+                    "GET", f"{replica.config.url}/models", auth_header(replica, None)
+                )
+                try:
                     body = orjson.loads(await response.read())
+                finally:
+                    await response.release()
                 ids.update(dict.fromkeys(str(item["id"]) for item in body.get("data", [])))
             except (*_UPSTREAM_ERRORS, ValueError, KeyError, TypeError, AttributeError) as exc:
                 logger.warning("could not list the models of %s: %s", replica.config.backend, exc)
@@ -214,13 +296,11 @@ class Forwarder:
     async def probe(self, replica: Replica) -> bool:
         """GET the server's ``/health`` (vLLM, agl engine), falling back to ``/v1/models``."""
         root = replica.config.url.removesuffix("/v1")
-        timeout = aiohttp.ClientTimeout(total=2.0)
         for url in (f"{root}/health", f"{replica.config.url}/models"):
             try:
-                async with self.session.get(
-                    url, headers=auth_header(replica, None), timeout=timeout
-                ) as response:
-                    status = response.status
+                response = await self._request("GET", url, auth_header(replica, None), timeout_s=2.0)
+                status = response.status
+                await response.release()
             except _UPSTREAM_ERRORS:
                 return False
             if status < 400:

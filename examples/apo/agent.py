@@ -8,7 +8,7 @@ from typing import Any
 import openai
 
 import agl
-from agl.testing.simulated_lm import CATALOG_CENTS, LOOKUP_TOOL, grade
+from examples.apo.simulated_lm import CATALOG_CENTS, LOOKUP_TOOL, grade
 
 
 @agl.rollout(name="price-agent")

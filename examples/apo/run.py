@@ -19,8 +19,8 @@ import agl
 from agl.algorithm.apo import APO, APOConfig
 from agl.schemas import LLM, PromptTemplate
 from agl.store import InMemoryLightningStore
-from agl.testing.simulated_lm import SimulatedLM, SimulatedLMServer, make_tasks
 from examples.apo.agent import price_agent
+from examples.apo.simulated_lm import SimulatedLM, SimulatedLMServer, make_tasks
 
 START_PROMPT = "You are a shopping assistant. Answer the question."
 

@@ -153,7 +153,7 @@ const task = JSON.parse(require("fs").readFileSync(0, "utf8"));
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
 async def test_node_agent_calls_the_model_and_posts_a_reward(tmp_path: Path) -> None:
-    from agl.testing.simulated_lm import SimulatedLMServer
+    from examples.apo.simulated_lm import SimulatedLMServer
 
     script = tmp_path / "agent.js"
     script.write_text(NODE_AGENT)

@@ -29,7 +29,7 @@ from agl.serving import BackgroundServer
 from agl.store import SqliteLightningStore
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app
-from agl.testing.openai_upstream import OpenAIUpstream, ScriptedReply
+from tests.support.openai_upstream import OpenAIUpstream, ScriptedReply
 
 TOKEN = "dash-secret"
 API_KEY = "sk-never-shown"

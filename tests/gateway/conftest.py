@@ -9,7 +9,7 @@ import pytest
 from agl.gateway import Gateway, GatewayConfig
 from agl.schemas.rollout import RolloutCreate
 from agl.store import InMemoryLightningStore
-from agl.testing.openai_upstream import OpenAIUpstream
+from tests.support.openai_upstream import OpenAIUpstream
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from agl import semconv as sc
 from agl.gateway import Gateway, GatewayConfig, UpstreamConfig
 from agl.schemas import LLMCall
 from agl.store import InMemoryLightningStore
-from agl.testing.openai_upstream import OpenAIUpstream, logprob_of, prompt_text, token_ids_of
+from tests.support.openai_upstream import OpenAIUpstream, logprob_of, prompt_text, token_ids_of
 
 USER = [{"role": "user", "content": "what is two plus two"}]
 TOOLS = [

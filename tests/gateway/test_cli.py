@@ -12,7 +12,7 @@ import httpx
 from typer.testing import CliRunner
 
 from agl.cli import app
-from agl.testing.openai_upstream import OpenAIUpstream
+from tests.support.openai_upstream import OpenAIUpstream
 
 
 def free_port() -> int:

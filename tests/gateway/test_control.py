@@ -16,7 +16,7 @@ from agl.gateway import Gateway, GatewayConfig, UpstreamConfig
 from agl.schemas import LLMCall
 from agl.schemas.rollout import RolloutCreate
 from agl.store import InMemoryLightningStore
-from agl.testing.openai_upstream import OpenAIUpstream
+from tests.support.openai_upstream import OpenAIUpstream
 
 USER = [{"role": "user", "content": "hello"}]
 FAST = GatewayConfig(backoff_s=0.01, health_interval_s=0.1, read_timeout_s=1.0)

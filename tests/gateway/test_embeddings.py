@@ -20,7 +20,7 @@ from agl.gateway import Gateway, UpstreamConfig
 from agl.schemas.rollout import RolloutCreate
 from agl.store import open_store
 from agl.store.base import LightningStore
-from agl.testing.openai_upstream import OpenAIUpstream
+from tests.support.openai_upstream import OpenAIUpstream
 
 from ..engines.conftest import tiny_path  # noqa: F401 (fixture)
 

@@ -20,8 +20,8 @@ from agl import semconv as sc
 from agl.gateway import Gateway, GatewayConfig
 from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate
 from agl.store.client import LightningStoreClient
-from agl.testing.openai_upstream import OpenAIUpstream
 from tests.runner.store_process import StoreProcess
+from tests.support.openai_upstream import OpenAIUpstream
 
 OUTAGE_S = 20.0
 AGENTS = 4

@@ -15,8 +15,8 @@ from agl.gateway import Gateway, GatewayConfig
 from agl.schemas import LLM
 from agl.schemas.rollout import RolloutCreate
 from agl.store import InMemoryLightningStore
-from agl.testing.openai_upstream import OpenAIUpstream
 from agl.tracer.context import current_agent
+from tests.support.openai_upstream import OpenAIUpstream
 
 
 def test_agent_scope_nests_and_rejects_bad_names() -> None:

@@ -11,7 +11,7 @@ import pytest
 import agl
 from agl.schemas import LLM, RolloutCreate, Span
 from agl.store import InMemoryLightningStore
-from agl.testing.simulated_lm import LOOKUP_TOOL, SimulatedLMServer
+from examples.apo.simulated_lm import LOOKUP_TOOL, SimulatedLMServer
 
 KIND = "openinference.span.kind"
 

@@ -13,8 +13,8 @@ import agl
 from agl import semconv as sc
 from agl.schemas import LLM, LLMCall, RolloutCreate
 from agl.store import InMemoryLightningStore
-from agl.testing.simulated_lm import LOOKUP_TOOL, SimulatedLMServer
 from agl.tracer.normalize import normalize_openinference
+from examples.apo.simulated_lm import LOOKUP_TOOL, SimulatedLMServer
 
 SYSTEM = "Use the lookup tool when a price is not given. End with ANSWER: <number>."
 QUESTION = "What do 3 units of item-5 cost, in catalog units?"

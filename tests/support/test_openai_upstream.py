@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from agl.testing.openai_upstream import OpenAIUpstream, ScriptedReply, prompt_text, token_ids_of
+from tests.support.openai_upstream import OpenAIUpstream, ScriptedReply, prompt_text, token_ids_of
 
 USER = [{"role": "user", "content": "hi there"}]
 

@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agl.testing.price_tasks import (
+from examples.apo.price_tasks import (
     BASIC_RULES,
     CATALOG_CENTS,
     LOOKUP_TOOL,
