@@ -1,4 +1,4 @@
-"""A custom algorithm in a dozen lines: best-of-n prompt selection, written against the store only.
+"""A custom algorithm in a dozen lines: best-of-n prompt selection, written against the training context only.
 
     python -m examples.custom_algorithm
 
@@ -15,10 +15,10 @@ from typing import Any
 import agl
 from agl.adapter import final_reward
 from agl.algorithm.base import TrainingContext
-from agl.schemas import LLM, PromptTemplate, RolloutCreate
+from agl.schemas import LLM, PromptTemplate
 from agl.store import InMemoryLightningStore
-from agl.testing.simulated_lm import SimulatedLMServer, make_tasks
 from examples.apo.agent import price_agent
+from examples.apo.simulated_lm import SimulatedLMServer, make_tasks
 
 CANDIDATES = [
     "You are a shopping assistant.",
@@ -32,16 +32,9 @@ async def best_of_prompts(ctx: TrainingContext, train: Sequence[Any], val: Seque
     llm = (await ctx.store.get_latest_resources()).resources["llm"]  # type: ignore[union-attr]
     scores = {}
     for prompt in CANDIDATES:
-        version = await ctx.store.add_resources({"llm": llm, "prompt": PromptTemplate(template=prompt)})
-        rollouts = await ctx.store.enqueue_rollouts(
-            [RolloutCreate(input=t, resources_id=version.resources_id) for t in train]
-        )
-        await ctx.store.wait_for_rollouts([r.rollout_id for r in rollouts], timeout_s=60)
-        rewards = [
-            final_reward((await ctx.store.query_spans(rollout_id=r.rollout_id)).items) or 0.0
-            for r in rollouts
-        ]
-        scores[prompt] = sum(rewards) / len(rewards)
+        resources_id = await ctx.publish({"llm": llm, "prompt": PromptTemplate(template=prompt)})
+        done = await ctx.rollouts(train, resources_id=resources_id, timeout_s=60)  # run, wait, read spans
+        scores[prompt] = sum(final_reward(spans) or 0.0 for _, spans in done) / len(done)
     return scores
 
 

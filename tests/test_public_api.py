@@ -138,7 +138,7 @@ def test_a_users_mypy_sees_real_types_and_catches_a_wrong_argument(tmp_path: Pat
     assert proc.returncode == 1, proc.stdout + proc.stderr
     revealed = {n: line.partition("Revealed type is ")[2] for n, line in lines.items() if "Revealed" in line}
     assert sorted(revealed) == [12, 13, 14, 15, 16, 17], proc.stdout
-    assert revealed[12] == '"agl.trainer.trainer.Serving"'
+    assert revealed[12] == '"agl.trainer.serving.Serving"'
     assert revealed[13].startswith('"def (model_path: str') and revealed[13].endswith('GRPOConfig"')
     assert revealed[14] == '"agl.agent.base.FunctionAgent[[task: str], float]"'
     assert revealed[15] == '"float"'  # calling the agent calls the function, with its types

@@ -1,5 +1,23 @@
 """Algorithms: GRPO, APO and SFT, and the ``Algorithm`` base for your own. Heavy parts import lazily."""
 
-from agl.algorithm.base import Algorithm, FunctionAlgorithm, TrainingContext, as_algorithm
+from agl.algorithm.base import (
+    Algorithm,
+    Evaluation,
+    FunctionAlgorithm,
+    PendingRollouts,
+    PublishedPolicy,
+    TrainingContext,
+    as_algorithm,
+    evaluate,
+)
 
-__all__ = ["Algorithm", "FunctionAlgorithm", "TrainingContext", "as_algorithm"]
+__all__ = [
+    "Algorithm",
+    "Evaluation",
+    "FunctionAlgorithm",
+    "PendingRollouts",
+    "PublishedPolicy",
+    "TrainingContext",
+    "as_algorithm",
+    "evaluate",
+]

@@ -1,23 +1,75 @@
 """The algorithm seam: ``Algorithm.run(ctx, train, val)`` with a ``TrainingContext`` to reach the loop.
 
-An algorithm reaches runners only through the store: it enqueues rollouts, waits for them, reads
-their spans through adapters, and publishes new resources (or weights through ``ctx.sync_weights``).
+An algorithm reaches runners only through the store, and only through the context's two doors:
+:meth:`TrainingContext.rollouts` (enqueue, wait, flush the gateway, read spans) and
+:meth:`TrainingContext.publish_policy` (new weights to the engines, published as a resources version).
+:func:`evaluate` scores a validation set the same way for every algorithm.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agl.adapter import final_reward
 from agl.algorithm.health import Failures, rollout_failures
-from agl.schemas import LLM, Resource, Rollout, RolloutCreate, RolloutStatus, Span, new_id
+from agl.errors import ConfigError
+from agl.schemas import LLM, ModelWeights, Resource, Rollout, RolloutCreate, RolloutStatus, Span, new_id
 from agl.store.base import LightningStore
+
+if TYPE_CHECKING:
+    from agl.engines.launch import ServedEngines, WeightSource
+    from agl.gateway import Gateway
 
 
 async def _no_flush() -> None:
     return None
+
+
+@dataclass(frozen=True)
+class PublishedPolicy:
+    """What :meth:`TrainingContext.publish_policy` published: the engines' weights version and the
+    resources version (``llm`` + ``weights``) that rollouts should run with."""
+
+    version: str
+    resources_id: str
+
+
+class PendingRollouts:
+    """Rollouts :meth:`TrainingContext.start_rollouts` enqueued: wait for them, collect them with their
+    spans, or cancel the unfinished ones."""
+
+    def __init__(self, ctx: TrainingContext, ids: list[str]) -> None:
+        self.ctx, self.ids = ctx, ids
+
+    async def wait(self, timeout_s: float | None) -> list[Rollout]:
+        """The rollouts that finished within ``timeout_s`` (all of them when as many come back)."""
+        return await self.ctx.store.wait_for_rollouts(self.ids, timeout_s=timeout_s)
+
+    async def collect(self, timeout_s: float | None = 600.0) -> list[tuple[Rollout, list[Span]]]:
+        """Wait (up to ``timeout_s``), flush the gateway's span writes, and return each rollout, in
+        enqueue order, with its latest attempt's spans. Rollouts still unfinished come back in their
+        current (non-succeeded) state, so callers drop them rather than train on them."""
+        store = self.ctx.store
+        done = {r.rollout_id: r for r in await self.wait(timeout_s)}
+        await self.ctx.flush()
+        out = []
+        for rollout_id in self.ids:
+            rollout = done.get(rollout_id) or await store.get_rollout(rollout_id)
+            out.append((rollout, await rollout_spans(store, rollout_id)))
+        return out
+
+    async def cancel(self) -> int:
+        """Cancel, in the store, those not finished yet; returns how many were."""
+        cancelled = 0
+        for rollout_id in self.ids:
+            rollout = await self.ctx.store.get_rollout(rollout_id)
+            if not rollout.status.is_terminal:
+                await self.ctx.store.cancel_rollout(rollout_id)
+                cancelled += 1
+        return cancelled
 
 
 @dataclass
@@ -28,22 +80,78 @@ class TrainingContext:
         store: the LightningStore the runners serve.
         llm: the LLM resource agents should call (the gateway's rollout-scoped endpoint).
         flush: makes every recorded model call visible in the store (the gateway batches its writes).
-        sync_weights: pushes a state dict to the engine and returns the new model version; None when the
-            trainer serves no local engine (APO against a hosted model).
         output_dir: where checkpoints, metrics and plots go.
+        model_path: the served model's folder (the ``uri`` of the published ``weights``).
+        engines: the engine replicas serving ``model_path``; None when the trainer serves no local
+            engine (APO against a hosted model).
+        gateway: the gateway in front of ``engines`` (paused around weight updates that need it).
+        model_version: the weights version the engines serve now; ``publish_policy`` advances it.
+        tools: the tool schemas the agent declares, for rendering conversations as the agent sees them
+            (SFT's warm start).
     """
 
     store: LightningStore
     llm: LLM | None = None
     flush: Callable[[], Awaitable[None]] = _no_flush
-    sync_weights: Callable[[dict[str, Any]], Awaitable[str]] | None = None
     output_dir: str = "results"
-    extra: dict[str, Any] = field(default_factory=dict)
+    model_path: str | None = None
+    engines: ServedEngines | None = None
+    gateway: Gateway | None = None
+    model_version: str = "v0"
+    tools: list[dict[str, Any]] | None = None
+    _extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     async def publish(self, resources: dict[str, Resource], **metadata: Any) -> str:
         """Store a new resources version (rollouts enqueued with its id run with it); returns the id."""
         published = await self.store.add_resources(resources, metadata=metadata or None)
         return published.resources_id
+
+    async def publish_policy(self, policy: WeightSource | None = None, **metadata: Any) -> PublishedPolicy:
+        """Push ``policy``'s weights to every engine (None: the weights they serve now) and publish them,
+        with ``llm``, as a new resources version (metadata ``model_version`` plus ``metadata``).
+
+        Raises:
+            ConfigError: the trainer serves no engine (no ``llm`` or ``engines`` on this context).
+        """
+        if self.llm is None or self.engines is None:
+            raise ConfigError(
+                "publishing a policy needs a served model: run the algorithm through Trainer.fit, which "
+                "serves its model_path behind the gateway"
+            )
+        if policy is not None:
+            self.model_version = await self.engines.sync(policy, self.gateway)
+        weights = ModelWeights(uri=self.model_path or "", version=self.model_version)
+        resources_id = await self.publish(
+            {"llm": self.llm, "weights": weights}, model_version=self.model_version, **metadata
+        )
+        return PublishedPolicy(self.model_version, resources_id)
+
+    async def start_rollouts(
+        self,
+        tasks: Sequence[Any],
+        *,
+        mode: str = "train",
+        group_size: int = 1,
+        resources_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> PendingRollouts:
+        """Enqueue ``group_size`` rollouts per task (one ``group_id`` per task) and return at once;
+        :meth:`rollouts` is this plus :meth:`PendingRollouts.collect`."""
+        requests = []
+        for task in tasks:
+            group = new_id("gr")
+            requests += [
+                RolloutCreate(
+                    input=task,
+                    mode=mode,
+                    resources_id=resources_id,
+                    group_id=group,
+                    metadata=dict(metadata or {}),
+                )
+                for _ in range(group_size)
+            ]
+        ids = [r.rollout_id for r in await self.store.enqueue_rollouts(requests)]
+        return PendingRollouts(self, ids)
 
     async def rollouts(
         self,
@@ -52,40 +160,133 @@ class TrainingContext:
         mode: str = "train",
         group_size: int = 1,
         resources_id: str | None = None,
-        timeout_s: float = 600.0,
+        metadata: dict[str, Any] | None = None,
+        timeout_s: float | None = 600.0,
     ) -> list[tuple[Rollout, list[Span]]]:
         """Run ``group_size`` rollouts per task (one ``group_id`` per task), wait for all, return them with spans.
 
         Waiting goes through ``store.wait_for_rollouts``; rollouts still unfinished at ``timeout_s`` come
         back in their current (non-succeeded) state, so callers drop them rather than train on them.
         """
-        requests = []
-        for task in tasks:
-            group = new_id("gr")
-            requests += [
-                RolloutCreate(input=task, mode=mode, resources_id=resources_id, group_id=group)
-                for _ in range(group_size)
-            ]
-        ids = [r.rollout_id for r in await self.store.enqueue_rollouts(requests)]
-        done = {r.rollout_id: r for r in await self.store.wait_for_rollouts(ids, timeout_s=timeout_s)}
-        await self.flush()
-        out = []
-        for rollout_id in ids:
-            rollout = done.get(rollout_id) or await self.store.get_rollout(rollout_id)
-            out.append((rollout, await rollout_spans(self.store, rollout_id)))
-        return out
+        pending = await self.start_rollouts(
+            tasks, mode=mode, group_size=group_size, resources_id=resources_id, metadata=metadata
+        )
+        return await pending.collect(timeout_s)
+
+    # ----- deprecated ----------------------------------------------------------------------
+    @property
+    def sync_weights(self) -> Callable[[dict[str, Any]], Awaitable[str]] | None:
+        """Deprecated: pushes a state dict to the engines and returns the new version (use :meth:`publish_policy`)."""
+        warnings.warn(
+            "TrainingContext.sync_weights is deprecated; ctx.publish_policy(policy) pushes the weights and "
+            "publishes them in one call",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        engines = self.engines
+        if engines is None:
+            return None
+
+        async def sync(state: dict[str, Any]) -> str:
+            self.model_version = await engines.sync(state, self.gateway)
+            return self.model_version
+
+        return sync
+
+    @property
+    def extra(self) -> MutableMapping[str, Any]:
+        """Deprecated: string keys for what are typed fields now (``tools``, ``gateway``, ``engines``)."""
+        warnings.warn(
+            "TrainingContext.extra is deprecated; use its typed fields (ctx.tools, ctx.gateway, ctx.engines)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _ExtraView(self)
+
+
+class _ExtraView(MutableMapping[str, Any]):
+    """``ctx.extra`` as it was: the typed fields under their old keys, anything else in a side dict."""
+
+    _FIELDS: Mapping[str, str] = {"tools": "tools", "gateway": "gateway", "engines": "engines"}
+
+    def __init__(self, ctx: TrainingContext) -> None:
+        self.ctx = ctx
+
+    def _present(self) -> list[str]:
+        typed = [k for k, f in self._FIELDS.items() if getattr(self.ctx, f) is not None]
+        engine = ["engine"] if self.ctx.engines is not None else []
+        return typed + engine + list(self.ctx._extra)
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "engine" and self.ctx.engines is not None:
+            return self.ctx.engines.replicas[0]
+        if key in self._FIELDS and getattr(self.ctx, self._FIELDS[key]) is not None:
+            return getattr(self.ctx, self._FIELDS[key])
+        return self.ctx._extra[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self._FIELDS:
+            setattr(self.ctx, self._FIELDS[key], value)
+        else:
+            self.ctx._extra[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key in self._FIELDS:
+            setattr(self.ctx, self._FIELDS[key], None)
+        else:
+            del self.ctx._extra[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._present())
+
+    def __len__(self) -> int:
+        return len(self._present())
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One rollout per task: the mean final reward (a failed rollout scores 0), the failures, and the
+    rollouts with their spans."""
+
+    score: float
+    failures: Failures
+    results: list[tuple[Rollout, list[Span]]]
+
+
+async def evaluate(
+    ctx: TrainingContext,
+    tasks: Sequence[Any],
+    resources_id: str | None,
+    *,
+    mode: str = "val",
+    timeout_s: float | None = 600.0,
+) -> Evaluation:
+    """Score ``tasks`` under ``resources_id`` (one ``mode`` rollout each; NaN without tasks): the one
+    evaluation every algorithm uses."""
+    if not tasks:
+        return Evaluation(float("nan"), Failures(0, 0), [])
+    done = await ctx.rollouts(tasks, mode=mode, resources_id=resources_id, timeout_s=timeout_s)
+    return Evaluation(
+        score_of(done), await rollout_failures(ctx.store, [r for r, _ in done], dict(_by_id(done))), done
+    )
+
+
+def score_of(done: Sequence[tuple[Rollout, list[Span]]]) -> float:
+    """Mean final reward; a rollout that did not succeed scores 0."""
+    rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
+    return sum(rewards) / len(rewards) if rewards else float("nan")
+
+
+def _by_id(done: Sequence[tuple[Rollout, list[Span]]]) -> Iterator[tuple[str, list[Span]]]:
+    return ((r.rollout_id, spans) for r, spans in done)
 
 
 async def validate(
     ctx: TrainingContext, val: Sequence[Any], resources_id: str, *, timeout_s: float = 600.0
 ) -> tuple[float, Failures]:
     """Mean final reward of one ``mode="val"`` rollout per task (a failed one scores 0), and the failures."""
-    if not val:
-        return float("nan"), Failures(0, 0)
-    done = await ctx.rollouts(val, mode="val", resources_id=resources_id, timeout_s=timeout_s)
-    rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
-    failures = await rollout_failures(ctx.store, [r for r, _ in done], {r.rollout_id: s for r, s in done})
-    return sum(rewards) / len(rewards), failures
+    result = await evaluate(ctx, val, resources_id, timeout_s=timeout_s)
+    return result.score, result.failures
 
 
 async def rollout_spans(store: LightningStore, rollout_id: str) -> list[Span]:

@@ -2,10 +2,11 @@
 
 ``agl.Serving(engine=BuiltinEngine())`` (the default) or ``agl.Serving(engine=VllmEngine(replicas=2))``.
 :func:`start_engines` starts the replicas (here, or through a :class:`Placer` such as Ray actors) and
-returns :class:`ServedEngines`: the gateway's upstreams plus ``sync``, which pushes the trainer's weights
-after a step and returns the version the next responses carry. vLLM replicas get a LoRA hot-load when the
-algorithm trains LoRA (``lora_rank > 0``) and a full restart on saved weights otherwise; the gateway is
-paused and drained around either, so each response's ``model_version`` names the weights that made it.
+returns :class:`ServedEngines`: the gateway's upstreams plus ``sync``, which pushes a :class:`WeightSource`
+(the trainer's policy) after a step and returns the version the next responses carry. vLLM replicas get a
+LoRA hot-load when started with ``lora_rank > 0`` and a full restart on saved weights otherwise; the gateway
+is paused and drained around either, so each response's ``model_version`` names the weights that made it.
+Engines know nothing of the algorithm: the trainer passes the LoRA rank, the algorithm the weights.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,7 +41,7 @@ class VllmEngine:
     """``replicas`` vLLM servers (data parallel) behind the gateway.
 
     ``python`` is a Python with vllm (default: ``.venv-vllm`` from ``scripts/setup_vllm.sh``, or env
-    ``AGL_VLLM_PYTHON``). ``max_lora_rank`` defaults to the algorithm's ``lora_rank`` rounded up to a
+    ``AGL_VLLM_PYTHON``). ``max_lora_rank`` defaults to the trained policy's ``lora_rank`` rounded up to a
     rank vLLM accepts. ``extra_args`` are appended to the server command line (e.g. GPU flags such as
     ``("--gpu-memory-utilization", "0.4")``); ``enforce_eager=False`` keeps CUDA graphs on a GPU.
     ``cuda_devices`` gives replica ``i`` ``CUDA_VISIBLE_DEVICES=cuda_devices[i]`` (e.g. ``("0", "1")``).
@@ -123,6 +124,39 @@ class LocalPlacer:
         return VllmServer(**server_options).start(timeout_s)
 
 
+class WeightSource(Protocol):
+    """New weights for the engines (the trainer's policy): full weights, or its LoRA adapter as a folder."""
+
+    def engine_weights(self) -> dict[str, Any]:
+        """The full state dict the engine loads (LoRA merged in)."""
+        ...
+
+    def save_adapter(self, folder: Path) -> None:
+        """Write the LoRA adapter as a PEFT folder (vLLM hot-loads it); raises when there is none."""
+        ...
+
+
+class StateDict:
+    """A bare state dict as a :class:`WeightSource`: full weights, no adapter."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self.state = dict(state)
+
+    def engine_weights(self) -> dict[str, Any]:
+        return self.state
+
+    def save_adapter(self, folder: Path) -> None:
+        raise ConfigError(
+            "these engines hot-load LoRA adapters (lora_rank > 0) and got bare weights: push the policy "
+            "itself (ctx.publish_policy(policy)), or start the engines with lora_rank=0"
+        )
+
+
+def weight_source(source: WeightSource | Mapping[str, Any]) -> WeightSource:
+    """``source``, or a state dict wrapped as one."""
+    return StateDict(source) if isinstance(source, Mapping) else source
+
+
 class Pausable(Protocol):
     """The gateway's drain control (``agl.gateway.Gateway``)."""
 
@@ -137,8 +171,9 @@ class ServedEngines:
         self.replicas = replicas
         self.upstreams = upstreams
 
-    async def sync(self, state: dict[str, Any], gateway: Pausable | None = None) -> str:
-        """Push ``state`` (the trainer's full weights) to every replica; returns the new model version."""
+    async def sync(self, source: WeightSource | Mapping[str, Any], gateway: Pausable | None = None) -> str:
+        """Push ``source``'s weights (a policy, or a bare state dict) to every replica; returns the new
+        model version."""
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -150,8 +185,9 @@ class ServedEngines:
 
 
 class _BuiltinEngines(ServedEngines):
-    async def sync(self, state: dict[str, Any], gateway: Pausable | None = None) -> str:
+    async def sync(self, source: WeightSource | Mapping[str, Any], gateway: Pausable | None = None) -> str:
         # the built-in engine swaps weights between batches and stamps versions itself: no pause needed
+        state = await asyncio.to_thread(weight_source(source).engine_weights)
         versions = await asyncio.gather(*(asyncio.to_thread(r.update_weights, state) for r in self.replicas))
         return str(versions[0])
 
@@ -163,7 +199,7 @@ class _VllmEngines(ServedEngines):
         spec: VllmEngine,
         model_path: Path,
         work_dir: Path,
-        save_adapter: Callable[[Path], None] | None,
+        lora: bool,
     ) -> None:
         # name: a Ray replica's URL#ray-node=ID, recorded as each call's backend
         upstreams = [
@@ -172,18 +208,20 @@ class _VllmEngines(ServedEngines):
         ]
         super().__init__(replicas, upstreams)
         self.spec, self.model_path, self.work_dir = spec, model_path, work_dir
-        self.save_adapter = save_adapter
+        self.lora = lora
         self.updates = 0
         self._previous: Path | None = None
 
-    async def sync(self, state: dict[str, Any], gateway: Pausable | None = None) -> str:
+    async def sync(self, source: WeightSource | Mapping[str, Any], gateway: Pausable | None = None) -> str:
+        source = weight_source(source)
         self.updates += 1
         version = f"v{self.updates}"
-        lora = self.save_adapter is not None
+        lora = self.lora
         folder = self.work_dir / ("lora" if lora else "weights") / version
-        if self.save_adapter is not None:
-            await asyncio.to_thread(self.save_adapter, folder)
+        if lora:
+            await asyncio.to_thread(source.save_adapter, folder)
         else:
+            state = await asyncio.to_thread(source.engine_weights)
             await asyncio.to_thread(save_model_folder, state, self.model_path, folder)
         try:  # a drain that times out also resumes: the error, not a stuck gateway, ends the run
             if gateway is not None:
@@ -201,7 +239,7 @@ class _VllmEngines(ServedEngines):
         return version
 
     def _update(self, replica: VllmReplica, folder: Path, version: str) -> None:
-        if self.save_adapter is not None:
+        if self.lora:
             adapter = f"{POLICY}@{version}"
             replica.load_lora(adapter, folder)
             replica.set_model_version(version, {POLICY: adapter})  # requests for policy now use it
@@ -236,35 +274,19 @@ def _replica_options(spec: VllmEngine, work_dir: Path, i: int) -> dict[str, Any]
     return {"log_path": work_dir / f"vllm-{i}.log", "env": env}
 
 
-def lora_rank_of(algorithm: Any) -> int:
-    """The algorithm's LoRA rank (``config.lora_rank``, as GRPO has); 0 when it trains full weights."""
-    return int(getattr(getattr(algorithm, "config", None), "lora_rank", 0) or 0)
-
-
-def adapter_saver(algorithm: Any) -> Callable[[Path], None]:
-    """Saves the algorithm's current LoRA adapter (its ``policy.model``, a PEFT model) as a PEFT folder."""
-
-    def save(folder: Path) -> None:
-        model = getattr(getattr(algorithm, "policy", None), "model", None)
-        if model is None or not hasattr(model, "peft_config"):
-            raise ConfigError(
-                f"{type(algorithm).__name__} trains LoRA but has no PEFT policy.model to save an adapter "
-                "from; use lora_rank=0 (full reload) with VllmEngine"
-            )
-        model.save_pretrained(str(folder))
-
-    return save
-
-
 async def start_engines(
     spec: EngineSpec | None,
     model_path: str,
     *,
-    algorithm: Any = None,
+    lora_rank: int = 0,
     work_dir: Path,
     placer: Placer | None = None,
 ) -> ServedEngines:
-    """Start the replicas ``spec`` names for ``model_path`` (in parallel) and return them running."""
+    """Start the replicas ``spec`` names for ``model_path`` (in parallel) and return them running.
+
+    ``lora_rank``: the rank of the LoRA adapters the trainer will push (0: full weights); vLLM replicas
+    then hot-load adapters of up to that rank instead of restarting.
+    """
     spec = spec or BuiltinEngine()
     placer = placer or LocalPlacer()
     if isinstance(spec, BuiltinEngine):
@@ -275,10 +297,10 @@ async def start_engines(
         return _BuiltinEngines([replica], [upstream])
     if not isinstance(spec, VllmEngine):
         raise ConfigError(f"engine must be BuiltinEngine(...) or VllmEngine(...), got {type(spec).__name__}")
-    rank = lora_rank_of(algorithm)
+    rank = lora_rank
     max_rank = spec.max_lora_rank or next((r for r in _VLLM_LORA_RANKS if r >= rank), rank)
     if rank > max_rank:
-        raise ConfigError(f"the algorithm's lora_rank={rank} exceeds VllmEngine.max_lora_rank={max_rank}")
+        raise ConfigError(f"the policy's lora_rank={rank} exceeds VllmEngine.max_lora_rank={max_rank}")
     work_dir.mkdir(parents=True, exist_ok=True)
     options: dict[str, Any] = {
         "model": model_path,
@@ -308,8 +330,7 @@ async def start_engines(
     if errors:
         ServedEngines(replicas, []).stop()
         raise errors[0]
-    saver = adapter_saver(algorithm) if rank > 0 else None
-    return _VllmEngines(replicas, spec, Path(model_path), work_dir, saver)
+    return _VllmEngines(replicas, spec, Path(model_path), work_dir, lora=rank > 0)
 
 
 __all__ = [
@@ -319,8 +340,9 @@ __all__ = [
     "LocalPlacer",
     "Placer",
     "ServedEngines",
+    "StateDict",
     "VllmEngine",
-    "lora_rank_of",
+    "WeightSource",
     "save_model_folder",
     "start_engines",
 ]

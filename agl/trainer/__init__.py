@@ -2,7 +2,8 @@
 
 from typing import TYPE_CHECKING, Any
 
-from agl.trainer.trainer import Serving, Trainer
+from agl.trainer.serving import Serving
+from agl.trainer.trainer import Trainer
 
 if TYPE_CHECKING:
     from agl.trainer.trainer import GatewaySettings as GatewaySettings

@@ -16,9 +16,10 @@ from rich.tree import Tree
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.agent.base import FunctionAgent, LitAgent
+from agl.algorithm.base import TrainingContext
 from agl.errors import ConfigError
 from agl.runner.runner import AttemptOutcome, Runner
-from agl.schemas import LLM, LLMCall, PromptTemplate, Resource, RolloutCreate, Span
+from agl.schemas import LLM, LLMCall, PromptTemplate, Resource, Span
 from agl.store.base import LightningStore
 from agl.store.memory import InMemoryLightningStore
 
@@ -103,14 +104,13 @@ async def run_dev(
     instrument("openai")  # the agent's own model calls show up in the span tree
     if resources:
         await store.add_resources(resources)
-    rollouts = await store.enqueue_rollouts([RolloutCreate(input=t, mode="val") for t in tasks])
+    pending = await TrainingContext(store=store).start_rollouts(tasks, mode="val")
     runner = Runner(agent, store, max_concurrency=max_concurrency, poll_interval_s=0.01)
-    outcomes = {o.rollout_id: o for o in await runner.run(max_rollouts=len(rollouts))}
+    outcomes = {o.rollout_id: o for o in await runner.run(max_rollouts=len(pending.ids))}
     runner.close()
-    spans = {
-        r.rollout_id: (await store.query_spans(rollout_id=r.rollout_id, attempt_id="latest")).items
-        for r in rollouts
-    }
+    done = await pending.collect(timeout_s=0)  # the runner ran them all: nothing left to wait for
+    rollouts = [r for r, _ in done]
+    spans = {r.rollout_id: s for r, s in done}
     outcomes = {rid: dataclasses.replace(o, reward=final_reward(spans[rid])) for rid, o in outcomes.items()}
     table = Table(title=f"agl dev: {len(rollouts)} rollouts")
     for column in ("rollout", "task", "status", "reward", "spans"):

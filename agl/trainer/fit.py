@@ -11,24 +11,43 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from agl.agent.base import LitAgent
 from agl.algorithm.base import Algorithm, TrainingContext
 from agl.errors import ConfigError
 from agl.runner.runner import Runner
-from agl.schemas import LLM
+from agl.schemas import LLM, Resource
 from agl.store.base import LightningStore
+from agl.trainer.serving import Serving
 
 if TYPE_CHECKING:
     from agl.engines.launch import Placer
-    from agl.trainer.trainer import Serving, Trainer
 
 log = logging.getLogger(__name__)
 
 
 AlgorithmEntry = Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]
+
+
+class FitSettings(Protocol):
+    """What ``fit`` reads of the ``agl.Trainer`` (so this module need not import it)."""
+
+    algorithm: Any
+    store: LightningStore | str | None
+    n_runners: int
+    output_dir: str | None
+    serving: Serving
+    initial_resources: dict[str, Resource]
+    run_dir: Path | None
+
+    def new_run_dir(self) -> Path: ...
+
+
+def lora_rank_of(algorithm: Any) -> int:
+    """The LoRA rank the algorithm trains (``config.lora_rank``, as GRPO and SFT have); 0: full weights."""
+    return int(getattr(getattr(algorithm, "config", None), "lora_rank", 0) or 0)
 
 
 def algorithm_entry(algorithm: Any) -> AlgorithmEntry:
@@ -51,7 +70,7 @@ def algorithm_entry(algorithm: Any) -> AlgorithmEntry:
     )
 
 
-def _open_store(trainer: Trainer, out: Path) -> tuple[LightningStore, bool]:
+def _open_store(trainer: FitSettings, out: Path) -> tuple[LightningStore, bool]:
     """The trainer's store and whether ``fit`` owns it (opened it, so closes it)."""
     if isinstance(trainer.store, LightningStore):
         return trainer.store, False
@@ -64,7 +83,7 @@ def _open_store(trainer: Trainer, out: Path) -> tuple[LightningStore, bool]:
     return SqliteLightningStore(out / "store.db"), True
 
 
-async def run_fit(trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: Sequence[Any]) -> Any:
+async def run_fit(trainer: FitSettings, agent: LitAgent, train: Sequence[Any], val: Sequence[Any]) -> Any:
     """Serve the algorithm's model (if it has one) behind a gateway, run runners, run the algorithm.
 
     An exception of the algorithm, or of the runners, ends ``fit`` at once: the exit stack stops the
@@ -133,7 +152,7 @@ async def _cancel(task: asyncio.Future[Any]) -> None:
             await task
 
 
-def _public_endpoint(gateway: Any, trainer: Trainer) -> str:
+def _public_endpoint(gateway: Any, trainer: FitSettings) -> str:
     """The gateway's rollout-scoped endpoint under the host name runners elsewhere can reach."""
     host = trainer.serving.public_host or trainer.serving.host
     if host in ("0.0.0.0", "::", ""):
@@ -163,7 +182,7 @@ async def _serve_model(
     stack: contextlib.AsyncExitStack,
     store: LightningStore,
     model_path: str,
-    trainer: Trainer,
+    trainer: FitSettings,
     ctx: TrainingContext,
     placer: Placer | None = None,
 ) -> TrainingContext:
@@ -173,7 +192,7 @@ async def _serve_model(
     spec = trainer.serving.engine or BuiltinEngine()
     work_dir = Path(ctx.output_dir) / "engine"
     engines = await start_engines(
-        spec, model_path, algorithm=trainer.algorithm, work_dir=work_dir, placer=placer
+        spec, model_path, lora_rank=lora_rank_of(trainer.algorithm), work_dir=work_dir, placer=placer
     )
     stack.callback(engines.stop)
     settings = trainer.serving
@@ -194,10 +213,6 @@ async def _serve_model(
         api_key=client_token,  # agents that build their client from llm.api_key need no change
         sampling_parameters=dict(trainer.serving.sampling),
     )
-
-    async def sync_weights(state: dict[str, Any]) -> str:
-        return await engines.sync(state, gateway)
-
-    ctx.llm, ctx.flush, ctx.sync_weights = llm, gateway.flush, sync_weights
-    ctx.extra.update(engine=engines.replicas[0], engines=engines, gateway=gateway)
+    ctx.llm, ctx.flush, ctx.model_path = llm, gateway.flush, model_path
+    ctx.engines, ctx.gateway = engines, gateway
     return ctx

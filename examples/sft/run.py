@@ -35,7 +35,7 @@ class SeededExpertIteration(Algorithm):
         return self.sft.model_path
 
     async def run(self, ctx: TrainingContext, train: Any, val: Any) -> dict[str, Any]:
-        ctx.extra["tools"] = [CALCULATOR]  # the warm-start traces render with the agent's tool schema
+        ctx.tools = [CALCULATOR]  # the warm-start traces render with the agent's tool schema
         base = await self.sft.evaluate(ctx, val, await ctx.publish({"llm": ctx.llm}))  # type: ignore[dict-item]
         result: dict[str, Any] = await self.sft.run(ctx, train, val, warm_start=self._traces())
         result["val_reward_base"] = base

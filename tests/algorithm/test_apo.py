@@ -14,8 +14,8 @@ from agl.algorithm.apo.apo import _extract_prompt
 from agl.errors import AgentError, ConfigError
 from agl.schemas import LLM, PromptTemplate
 from agl.store import InMemoryLightningStore
-from agl.testing.simulated_lm import BASIC_RULES, RULES, SimulatedLM, SimulatedLMServer, make_tasks
 from examples.apo.agent import price_agent
+from examples.apo.simulated_lm import BASIC_RULES, RULES, SimulatedLM, SimulatedLMServer, make_tasks
 
 BASE_PROMPT = "You are a shopping assistant. Answer the question."
 

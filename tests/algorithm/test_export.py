@@ -27,9 +27,8 @@ from agl.algorithm.base import TrainingContext
 from agl.algorithm.export import INFO_FILE, BestExport, export_outputs, export_policy, write_atomically
 from agl.algorithm.grpo import GRPO, GRPOConfig
 from agl.algorithm.grpo.loss import LossConfig
-from agl.algorithm.grpo.policy import Policy, PolicyConfig
-from agl.algorithm.sft import SFT, SFTConfig
-from agl.algorithm.sft.offline import train_from_store
+from agl.algorithm.policy.model import Policy, PolicyConfig
+from agl.algorithm.sft import SFT, SFTConfig, train_from_store
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.store.memory import InMemoryLightningStore
@@ -150,7 +149,7 @@ def _free_port() -> int:
 @pytest.mark.timeout(600)
 def test_agl_engine_serve_serves_the_exported_model(grpo_run: tuple[GRPO, dict[str, Any], Path]) -> None:
     """A real chat completion through the openai SDK: its logprobs are the trained policy's."""
-    from agl.algorithm.grpo.logprobs import token_logprobs
+    from agl.algorithm.policy.logprobs import token_logprobs
 
     grpo, _, out = grpo_run
     port = _free_port()

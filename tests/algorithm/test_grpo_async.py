@@ -110,7 +110,7 @@ async def test_the_pipeline_enqueues_depth_steps_ahead_in_order_and_cancels_them
 
 async def test_the_importance_ratio_is_against_the_behaviour_policy() -> None:
     """Samples generated before an update keep the engine's logprobs: the ratio moves off 1 for them only."""
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.policy.model import Policy, PolicyConfig
     from agl.engines.builtin import Engine, SamplingParams
 
     path = tiny_model()

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agl.algorithm.grpo import GRPOConfig, LossConfig, build_batch, grpo_loss
-from agl.algorithm.grpo.policy import collate
+from agl.algorithm.policy.model import collate
 from agl.errors import ConfigError
 from agl.schemas import Rollout, RolloutStatus, Span
 from tests.adapter.spans import SpanMaker

@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from agl.adapter import Sample, llm_calls, to_samples
 from agl.algorithm.grpo import GRPOConfig, LossConfig
-from agl.algorithm.grpo.distributed import DistributedPolicy, shard
-from agl.algorithm.grpo.policy import Policy, PolicyConfig
+from agl.algorithm.policy.distributed import DistributedPolicy, shard
+from agl.algorithm.policy.model import Policy, PolicyConfig
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from tests.algorithm.test_grpo_policy import multi_turn_rollout

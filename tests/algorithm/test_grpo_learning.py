@@ -136,7 +136,7 @@ async def _sample_step(
 
 
 async def test_grpo_steps_on_the_tiny_model_raise_the_reward(tmp_path: Path) -> None:
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.policy.model import Policy, PolicyConfig
     from agl.engines.builtin import Engine
     from agl.models import tiny_model
 

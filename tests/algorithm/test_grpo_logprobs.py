@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agl.algorithm.grpo.logprobs import token_logprobs
+from agl.algorithm.policy.logprobs import token_logprobs
 from agl.models import tiny_model
 
 

@@ -18,7 +18,6 @@ import torch
 
 from agl.adapter import Sample
 from agl.algorithm.grpo import LossConfig
-from agl.algorithm.grpo.policy import Policy, PolicyConfig
 from agl.algorithm.memory import (
     GB,
     MAX_AUTO_TOKENS,
@@ -30,6 +29,7 @@ from agl.algorithm.memory import (
     process_rss,
     step_peaks,
 )
+from agl.algorithm.policy.model import Policy, PolicyConfig
 from agl.errors import ConfigError
 from agl.models import tiny_model
 

@@ -12,8 +12,8 @@ import torch
 
 from agl.adapter import Sample, llm_calls, to_samples
 from agl.algorithm.grpo import LossConfig
-from agl.algorithm.grpo.logprobs import token_logprobs
-from agl.algorithm.grpo.policy import Policy, PolicyConfig, collate
+from agl.algorithm.policy.logprobs import token_logprobs
+from agl.algorithm.policy.model import Policy, PolicyConfig, collate
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.schemas import Span

@@ -17,7 +17,7 @@ CONVERSATION = [
 
 
 def test_warm_start_trains_and_restores_the_grpo_learning_rate() -> None:
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.policy.model import Policy, PolicyConfig
 
     path = str(tiny_model())
     config = GRPOConfig(model_path=path, lr=1e-6, warm_start=WarmStart([CONVERSATION], steps=6, lr=3e-2))

@@ -33,7 +33,7 @@ from agl.errors import AgentError
 from agl.models import tiny_model
 from agl.schemas import LLM, AttemptStatus, PromptTemplate, RolloutCreate, Span
 from agl.store import InMemoryLightningStore
-from agl.testing.simulated_lm import SimulatedLM, SimulatedLMServer
+from examples.apo.simulated_lm import SimulatedLM, SimulatedLMServer
 
 
 @agl.rollout

@@ -18,8 +18,8 @@ import torch
 import agl
 from agl import semconv as sc
 from agl.algorithm.grpo import GRPO, GRPOConfig
-from agl.algorithm.grpo.logprobs import token_logprobs
-from agl.algorithm.grpo.policy import collate, sft_loss
+from agl.algorithm.policy.logprobs import token_logprobs
+from agl.algorithm.policy.model import collate, sft_loss
 from agl.algorithm.sft import SFT, SFTConfig
 from agl.algorithm.sft.offline import samples_from_store
 from agl.errors import ConfigError
@@ -211,7 +211,7 @@ def test_bad_offline_settings_are_clear_errors(tmp_path: Path) -> None:
         SFTConfig(model_path=model, from_store="sqlite:///x.db", since=5, until=4)
     with pytest.raises(ConfigError, match="set from_store too"):
         SFTConfig(model_path=model, since=5)
-    from agl.algorithm.sft.offline import train_from_store
+    from agl.algorithm.sft import train_from_store
 
     missing = SFTConfig(model_path=model, from_store=f"sqlite:///{tmp_path / 'none.db'}", progress=False)
     with pytest.raises(ConfigError, match="no SQLite file"):

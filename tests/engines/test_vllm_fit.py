@@ -21,7 +21,7 @@ import agl
 from agl import semconv as sc
 from agl.algorithm.grpo import GRPO, GRPOConfig
 from agl.engines import BuiltinEngine, VllmEngine
-from agl.engines.launch import adapter_saver, save_model_folder, start_engines
+from agl.engines.launch import StateDict, save_model_folder, start_engines
 from agl.errors import ConfigError
 from tests.engines.test_vllm import require_vllm
 
@@ -38,10 +38,9 @@ def test_vllm_engine_config_is_checked() -> None:
 
 
 def test_start_engines_rejects_bad_specs_before_starting_anything(tiny_path: Path, tmp_path: Path) -> None:
-    algorithm = GRPO(GRPOConfig(model_path=str(tiny_path), lora_rank=16))
     with pytest.raises(ConfigError, match="lora_rank=16 exceeds VllmEngine.max_lora_rank=8"):
         asyncio.run(
-            start_engines(VllmEngine(max_lora_rank=8), str(tiny_path), algorithm=algorithm, work_dir=tmp_path)
+            start_engines(VllmEngine(max_lora_rank=8), str(tiny_path), lora_rank=16, work_dir=tmp_path)
         )
     with pytest.raises(ConfigError, match="BuiltinEngine.*VllmEngine"):
         asyncio.run(start_engines("vllm", str(tiny_path), work_dir=tmp_path))  # type: ignore[arg-type]
@@ -53,9 +52,9 @@ def test_missing_vllm_venv_fails_every_replica_with_the_setup_hint(tiny_path: Pa
         asyncio.run(start_engines(spec, str(tiny_path), work_dir=tmp_path))
 
 
-def test_adapter_saver_needs_a_peft_policy(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no PEFT policy.model"):
-        adapter_saver(object())(tmp_path / "a")
+def test_lora_engines_refuse_bare_weights(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="hot-load LoRA adapters"):
+        StateDict({}).save_adapter(tmp_path / "a")
 
 
 def test_saved_model_folder_serves_the_same_model(tiny_path: Path, tmp_path: Path) -> None:

@@ -24,8 +24,8 @@ from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.schemas import LLM, PromptTemplate, RolloutCreate, RolloutStatus
 from agl.store import SqliteLightningStore
-from agl.testing.simulated_lm import SimulatedLM, SimulatedLMServer, make_tasks
 from examples.apo.agent import price_agent
+from examples.apo.simulated_lm import SimulatedLM, SimulatedLMServer, make_tasks
 from tests.tiny_agents import digits_agent
 
 
@@ -51,8 +51,8 @@ class RaisesAtOnce(Algorithm):
         return self._model_path
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Any:
-        if "gateway" in ctx.extra:
-            self.urls.append(ctx.extra["gateway"].url)
+        if ctx.gateway is not None:
+            self.urls.append(ctx.gateway.url)
         raise Boom("before the first await")
 
 

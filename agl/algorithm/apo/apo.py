@@ -24,11 +24,11 @@ from typing import Any, Literal
 
 from agl.agent.base import LitAgent
 from agl.algorithm.apo.search import Candidate, diagnose_baseline, extract_prompt, leader_key, pareto_parents
-from agl.algorithm.apo.trajectories import Trajectory, load_trajectories, render_trajectories
-from agl.algorithm.base import Algorithm, TrainingContext
+from agl.algorithm.apo.trajectories import Trajectory, render_trajectories, trajectory_from_spans
+from agl.algorithm.base import Algorithm, PendingRollouts, TrainingContext, score_of
 from agl.algorithm.health import Failures
 from agl.errors import AgentError, ConfigError
-from agl.schemas import LLM, PromptTemplate, Resource, RolloutCreate, RolloutStatus
+from agl.schemas import LLM, PromptTemplate, Resource, RolloutStatus
 from agl.store.base import LightningStore
 
 log = logging.getLogger(__name__)
@@ -153,10 +153,11 @@ class APO(Algorithm):
     ) -> APOResult:
         cfg = self.config
         if isinstance(ctx, TrainingContext):
-            store = ctx.store
             self._output_dir = cfg.output_dir or ctx.output_dir
         else:
-            store, self._output_dir = ctx, cfg.output_dir
+            ctx, self._output_dir = TrainingContext(store=ctx), cfg.output_dir
+        self._ctx = ctx
+        store = ctx.store
         base = await store.get_latest_resources()
         self._base: dict[str, Resource] = dict(base.resources) if base else {}
         if initial_prompt is None:
@@ -262,10 +263,8 @@ class APO(Algorithm):
         version = await store.add_resources(
             {**resources, self.config.prompt_name: PromptTemplate(template=template)}
         )
-        rollouts = await store.enqueue_rollouts(
-            [RolloutCreate(input=t, mode="test", resources_id=version.resources_id) for t in tasks]
-        )
-        ids = [r.rollout_id for r in rollouts]
+        ctx = TrainingContext(store=store)
+        pending = await ctx.start_rollouts(tasks, mode="test", resources_id=version.resources_id)
         runner = None
         if agent is not None:
             from agl.runner.runner import Runner
@@ -273,22 +272,21 @@ class APO(Algorithm):
             runner = Runner(agent, store, max_concurrency=max_concurrency, poll_interval_s=0.02)
             runner_task = asyncio.create_task(runner.run())
         try:
-            await self._wait_served(store, ids, claim_timeout_s if runner is None else None)
+            await self._wait_served(pending, claim_timeout_s if runner is None else None)
         finally:
             if runner is not None:
                 runner.stop()
                 await runner_task
                 runner.close()
-        return sum(t.reward for t in await load_trajectories(store, ids)) / max(len(ids), 1)
+        return score_of(await pending.collect(timeout_s=0)) if pending.ids else 0.0
 
-    async def _wait_served(
-        self, store: LightningStore, ids: list[str], claim_timeout_s: float | None
-    ) -> None:
+    async def _wait_served(self, pending: PendingRollouts, claim_timeout_s: float | None) -> None:
         """Wait for every rollout to finish; fail fast when nothing claims them, never return early."""
+        store, ids = pending.ctx.store, pending.ids
         total = self.config.rollout_timeout_s
         waited = 0.0
         if claim_timeout_s is not None and claim_timeout_s < total:
-            done = await store.wait_for_rollouts(ids, timeout_s=claim_timeout_s)
+            done = await pending.wait(claim_timeout_s)
             waited = claim_timeout_s
             if len(done) < len(ids):
                 statuses = [(await store.get_rollout(i)).status for i in ids]
@@ -299,7 +297,7 @@ class APO(Algorithm):
                         "agent=your_agent to run them in-process, or attach runners to the store "
                         "(agl runner --store URL --agent module:attr)"
                     )
-        done = await store.wait_for_rollouts(ids, timeout_s=max(total - waited, 0.0))
+        done = await pending.wait(max(total - waited, 0.0))
         if len(done) < len(ids):
             counts = Counter([(await store.get_rollout(i)).status.value for i in ids])
             unfinished = len(ids) - len(done)
@@ -507,24 +505,20 @@ class APO(Algorithm):
             self.rollouts_used += len(todo)
             self.rollouts_by_phase[phase] += len(todo)
             tasks = self._train if split == "train" else self._val
-            rollouts = await self._store.enqueue_rollouts(
-                [
-                    RolloutCreate(
-                        input=tasks[i],
-                        mode="train" if split == "train" else "val",
-                        resources_id=c.resources_id,
-                        metadata={"apo_candidate": c.resources_id},
-                    )
-                    for i in todo
-                ]
+            done = await self._ctx.rollouts(
+                [tasks[i] for i in todo],
+                mode="train" if split == "train" else "val",
+                resources_id=c.resources_id,
+                metadata={"apo_candidate": c.resources_id},
+                timeout_s=self.config.rollout_timeout_s,
             )
-            ids = [r.rollout_id for r in rollouts]
-            done = await self._store.wait_for_rollouts(ids, timeout_s=self.config.rollout_timeout_s)
-            if len(done) < len(ids):
-                log.warning(
-                    "%d of %d rollouts did not finish in time; scoring them 0", len(ids) - len(done), len(ids)
-                )
-            for i, trajectory in zip(todo, await load_trajectories(self._store, ids), strict=True):
+            unfinished = sum(not r.status.is_terminal for r, _ in done)
+            if unfinished:
+                log.warning("%d of %d rollouts did not finish in time; scoring them 0", unfinished, len(done))
+            trajectories = [
+                trajectory_from_spans(r.rollout_id, r.input, r.status.value, spans) for r, spans in done
+            ]
+            for i, trajectory in zip(todo, trajectories, strict=True):
                 self._round_rollouts += 1
                 if trajectory.status != "succeeded":
                     self._round_failures.append((trajectory.errors or [f"rollout {trajectory.status}"])[-1])

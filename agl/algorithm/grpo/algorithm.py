@@ -12,93 +12,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from agl.algorithm.base import Algorithm, TrainingContext, validate
+from agl.algorithm.base import Algorithm, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_outputs
-from agl.algorithm.grpo.async_loop import train_steps
+from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog, drop_stale
 from agl.algorithm.grpo.batch import StepBatch, build_batch
-from agl.algorithm.grpo.loss import LossConfig
+from agl.algorithm.grpo.config import GRPOConfig
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
-from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
-from agl.algorithm.memory import check_settings
+from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed, rollout_failures
+from agl.algorithm.memory import step_peaks
 from agl.errors import ConfigError
-from agl.schemas import ModelWeights, Rollout, Span
+
+if TYPE_CHECKING:
+    from agl.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GRPOConfig:
-    """GRPO's knobs; every field has a default, cross-field checks run on construction."""
-
-    model_path: str
-    steps: int = 20
-    tasks_per_step: int = 4
-    group_size: int = 8
-    lr: float = 1e-5
-    max_grad_norm: float = 1.0
-    # memory: "auto" sizes micro-batches to memory_budget_gb (None: a share of the free RAM or VRAM) and
-    # recomputes activations in backward on CPU, where it is no slower (agl/algorithm/memory.py)
-    micro_batch_tokens: int | Literal["auto"] = "auto"
-    activation_checkpointing: bool | Literal["auto"] = "auto"
-    memory_budget_gb: float | None = None
-    lora_rank: int = 0
-    scale_by_std: bool = True  # False: Dr. GRPO (no std division)
-    level: Literal["trajectory", "transition"] = "trajectory"
-    max_sample_tokens: int = 2048
-    agent: str | None = None  # train only this agent's calls (agl.agent_scope, agent endpoint, or span name)
-    credit: Literal["final", "per_call"] = "final"  # per_call: emit_reward(response_id=...) shapes its call
-    call_reward_weight: float = 1.0  # per_call: a call's return = final reward + weight * its own reward
-    warm_start: WarmStart | None = None  # SFT on known-good conversations before the first GRPO step
-    loss: LossConfig = field(default_factory=LossConfig)
-    kl_coef: float = 0.0
-    eval_every: int = 5
-    rollout_timeout_s: float = 600.0
-    checkpoint_every: int = 0
-    resume: bool = False  # continue from the newest checkpoint under the output dir (full fine-tuning)
-    # the final policy as a Hugging Face folder in OUT/model (LoRA merged), the best-validation one in
-    # OUT/model-best; export_adapter also keeps a LoRA run's bare adapter in OUT/model-adapter
-    export_model: bool = True
-    export_adapter: bool = False
-    seed: int = 0
-    # async: rollouts of the next max_staleness steps run while a step trains (off-policy by at most
-    # max_staleness weight versions; the loss's ratio is against the engine's logprobs). Sync ignores it.
-    async_rollouts: bool = False
-    max_staleness: int = 1
-    world_size: int = 1  # > 1: data-parallel policy steps over torch.distributed (grpo/distributed.py)
-    # "fsdp": the world_size ranks shard parameters, gradients and optimizer state with FSDP2 (bf16
-    # compute on CUDA) instead of each holding the full model (agl/algorithm/sharding.py)
-    sharding: Literal["none", "fsdp"] = "none"
-    device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Serving(engine=BuiltinEngine(...))
-    # every rollout of the baseline evaluation or the first step failed: stop with the first error
-    stop_on_all_failed: bool = True
-
-    def __post_init__(self) -> None:
-        check_settings(self.micro_batch_tokens, self.memory_budget_gb)
-        if self.group_size < 2:
-            raise ConfigError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
-        if self.steps < 0 or self.tasks_per_step < 1:
-            raise ConfigError(
-                f"steps >= 0 and tasks_per_step >= 1 needed, got {self.steps}, {self.tasks_per_step}"
-            )
-        if self.max_staleness < 0 or self.world_size < 1:
-            raise ConfigError(
-                f"max_staleness >= 0 and world_size >= 1 needed, got {self.max_staleness}, {self.world_size}"
-            )
-        if self.sharding not in ("none", "fsdp"):
-            raise ConfigError(f"GRPOConfig(sharding=...) must be 'none' or 'fsdp', got {self.sharding!r}")
-        if self.sharding == "fsdp" and self.world_size < 2:
-            raise ConfigError(
-                f'GRPOConfig(sharding="fsdp") shards over ranks: set world_size >= 2, got {self.world_size}'
-            )
-        if self.credit not in ("final", "per_call"):
-            raise ConfigError(f"credit must be 'final' or 'per_call', got {self.credit!r}")
-        if self.kl_coef > 0 and self.loss.kl_coef == 0:
-            object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
 
 
 class GRPO(Algorithm):
@@ -108,26 +41,24 @@ class GRPO(Algorithm):
         self.config = config
         self.history: list[dict[str, float]] = []
         self.policy: Any = None  # made on first run unless set (e.g. after an SFT warm start)
-        self.version = "v0"  # the engine's weights version when run starts
+        self.version = "v0"  # the engine's weights version (the latest one published)
         self.initial_val: float | None = None  # skip the first validation when already known
         self.warm_start_history: list[dict[str, float]] = []
         self.learning = LearningCheck()  # warns once per run when nothing can be learned
         self.baseline_failures = Failures(0, 0)
 
     async def _resume(self, ctx: TrainingContext, checkpoint: Path) -> int:
-        """Load weights and optimizer from ``checkpoint``, push them to the engine; returns the next step."""
+        """Load weights and optimizer from ``checkpoint`` (``run`` pushes them to the engine); returns the next step."""
         if self.config.lora_rank:
             raise ConfigError("resume supports full fine-tuning checkpoints; set lora_rank=0 or start afresh")
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         self.policy = await asyncio.to_thread(self._make_policy, str(checkpoint))
         await asyncio.to_thread(self.policy.load_optimizer, checkpoint)
-        assert ctx.sync_weights is not None
-        self.version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
         log.info("resumed from %s (step %d)", checkpoint, state["step"])
         return int(state["step"]) + 1
 
     def _make_policy(self, model_path: str | None = None) -> Any:
-        from agl.algorithm.grpo.policy import Policy, PolicyConfig
+        from agl.algorithm.policy import Policy, PolicyConfig
 
         cfg = self.config
         return Policy(
@@ -146,19 +77,17 @@ class GRPO(Algorithm):
             cfg.loss,
         )
 
-    async def _publish(self, ctx: TrainingContext, version: str) -> str:
-        if ctx.llm is None:
-            raise ConfigError(
-                "GRPO needs ctx.llm: Trainer.fit wires it to the gateway in front of the engine"
-            )
-        weights = ModelWeights(uri=self.config.model_path, version=version)
-        return await ctx.publish({"llm": ctx.llm, "weights": weights}, model_version=version)
+    async def _publish(self, ctx: TrainingContext, policy: Any = None) -> str:
+        """Push ``policy`` (None: no new weights) to the engines and publish them; returns the resources id."""
+        published = await ctx.publish_policy(policy)
+        self.version = published.version
+        return published.resources_id
 
     async def _warm_start(
         self, ctx: TrainingContext, val: Sequence[Any], resources_id: str, phases: dict[str, float]
-    ) -> tuple[str, str]:
+    ) -> str:
         """Held-out reward of the base model, the SFT warm start, the new weights published and measured."""
-        assert self.config.warm_start is not None and ctx.sync_weights is not None
+        assert self.config.warm_start is not None
         phases["base"] = (
             self.initial_val
             if self.initial_val is not None
@@ -167,49 +96,36 @@ class GRPO(Algorithm):
         self.warm_start_history = await asyncio.to_thread(
             train_warm_start, self.policy, self.config.warm_start
         )
-        version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
-        resources_id = await self._publish(ctx, version)
+        resources_id = await self._publish(ctx, self.policy)
         phases["after_warm_start"] = await self.evaluate(ctx, val, resources_id)
         log.info(
             "held-out reward: base %.3f, after warm start %.3f", phases["base"], phases["after_warm_start"]
         )
-        return version, resources_id
-
-    async def _run_group(
-        self, ctx: TrainingContext, tasks: Sequence[Any], resources_id: str, mode: str, group_size: int
-    ) -> tuple[list[Rollout], dict[str, list[Span]]]:
-        done = await ctx.rollouts(
-            tasks,
-            mode=mode,
-            group_size=group_size,
-            resources_id=resources_id,
-            timeout_s=self.config.rollout_timeout_s,
-        )
-        return [r for r, _ in done], {r.rollout_id: spans for r, spans in done}
+        return resources_id
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward over one validation rollout per task; failed rollouts count as 0."""
-        return (await validate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s))[0]
+        return (await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)).score
 
     async def _baseline(
         self, ctx: TrainingContext, val: Sequence[Any], resources_id: str
     ) -> tuple[float, Failures]:
         """The first validation; stops the run when every rollout of it failed (``stop_on_all_failed``)."""
-        score, failures = await validate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
         check_not_all_failed(
-            failures,
+            result.failures,
             "the baseline evaluation",
             stop=self.config.stop_on_all_failed,
             option="GRPOConfig(stop_on_all_failed=False)",
         )
-        self.baseline_failures = failures
-        return score, failures
+        self.baseline_failures = result.failures
+        return result.score, result.failures
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, Any]:
         from agl.metrics import MetricsLogger
 
         cfg = self.config
-        if ctx.sync_weights is None:
+        if ctx.engines is None:
             raise ConfigError("GRPO needs an engine to push weights to: run it through Trainer.fit")
         out = Path(ctx.output_dir)
         first_step = 1
@@ -219,12 +135,11 @@ class GRPO(Algorithm):
         elif self.policy is None:
             self.policy = await asyncio.to_thread(self._make_policy)
         metrics = MetricsLogger(out, total_steps=cfg.steps, resume=checkpoint is not None)
-        version = self.version
-        resources_id = await self._publish(ctx, version)
+        resources_id = await self._publish(ctx, None if checkpoint is None else self.policy)
         phases: dict[str, float] = {}
         self.learning, self.baseline_failures = LearningCheck(), Failures(0, 0)
         if cfg.warm_start is not None and checkpoint is None:
-            version, resources_id = await self._warm_start(ctx, val, resources_id, phases)
+            resources_id = await self._warm_start(ctx, val, resources_id, phases)
         val_before = (
             phases["after_warm_start"]
             if "after_warm_start" in phases
@@ -243,13 +158,11 @@ class GRPO(Algorithm):
             failed = self.baseline_failures
             metrics.log(0, {"val_reward": val_before, **failed.metrics("val_"), **failed.console()})
             self.learning.at_start(val_before, phases, failed)
-        val_after = await train_steps(  # the step loop, sync or async, on one rank or several
-            self,
+        val_after = await self._train_steps(  # the step loop, sync or async, on one rank or several
             ctx,
             train,
             val,
             first_step=first_step,
-            version=version,
             resources_id=resources_id,
             val_after=val_before,
             metrics=metrics,
@@ -276,6 +189,105 @@ class GRPO(Algorithm):
             "warm_start": self.warm_start_history,
             **exported,  # model_path, best_model_path, adapter_path
         }
+
+    async def _train_steps(
+        self,
+        ctx: TrainingContext,
+        train: Sequence[Any],
+        val: Sequence[Any],
+        *,
+        first_step: int,
+        resources_id: str,
+        val_after: float,
+        metrics: MetricsLogger,
+        checkpoint: str | None,
+        best: BestExport,
+    ) -> float:
+        """Steps ``first_step..steps``: rollouts (ahead of training when async), batch, update, publish.
+
+        Returns the last validation reward; ``best`` writes the policy to disk whenever a validation
+        beats the best so far. With ``world_size > 1`` the policy steps on every rank for the duration
+        of the loop (:mod:`agl.algorithm.policy.distributed`); the ranks stop when it ends.
+        """
+        cfg = self.config
+        rng = random.Random(cfg.seed)
+        count = min(cfg.tasks_per_step, len(train))
+        for _ in range(1, first_step):
+            rng.sample(list(train), count)  # the same task draws as the first run
+        pipeline = RolloutPipeline(
+            ctx,
+            lambda: rng.sample(list(train), count),
+            group_size=cfg.group_size,
+            depth=cfg.max_staleness if cfg.async_rollouts else 0,
+            last_step=cfg.steps,
+            timeout_s=cfg.rollout_timeout_s,
+        )
+        versions = VersionLog(self.version)
+        if cfg.world_size > 1:
+            from agl.algorithm.policy.distributed import DistributedPolicy
+
+            self.policy = await asyncio.to_thread(
+                DistributedPolicy.start, self.policy, cfg.world_size, checkpoint, cfg.sharding
+            )
+        out = Path(ctx.output_dir)
+        failed = False
+        try:
+            for step in range(first_step, cfg.steps + 1):
+                started = time.perf_counter()
+                fetched = await pipeline.take(step, resources_id, versions.current)
+                kept, stale = drop_stale(
+                    fetched.rollouts,
+                    fetched.spans,
+                    versions,
+                    fallback=fetched.enqueued_version,
+                    max_staleness=pipeline.depth,
+                )
+                failures = await rollout_failures(ctx.store, fetched.rollouts, fetched.spans)
+                if step == first_step:  # a run whose first rollouts all fail would train nothing, silently
+                    check_not_all_failed(
+                        failures,
+                        f"the first step ({step})",
+                        stop=cfg.stop_on_all_failed,
+                        option="GRPOConfig(stop_on_all_failed=False)",
+                    )
+                batch = build_batch(kept, fetched.spans, cfg)
+                rollout_s = time.perf_counter() - started
+                row = {**batch.metrics, **stale, "trainer_idle_s": fetched.wait_s}
+                if batch.samples:
+                    row.update(
+                        await asyncio.to_thread(
+                            self.policy.step, batch.samples, batch.advantages, batch.rollout_index
+                        )
+                    )
+                    resources_id = await self._publish(ctx, self.policy)
+                    versions.advance(self.version)
+                if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                    val_after = await self.evaluate(ctx, val, resources_id)
+                    row["val_reward"] = val_after
+                    await asyncio.to_thread(
+                        best.offer, self.policy, val_after, step=step, model_version=self.version
+                    )
+                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    path = out / "checkpoints" / f"step-{step}"
+                    await asyncio.to_thread(self.policy.save, path)
+                    (path / "trainer_state.json").write_text(
+                        json.dumps({"step": step, "version": self.version})
+                    )
+                row.update(
+                    step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s, **step_peaks()
+                )
+                metrics.log(step, {**row, **failures.console()})
+                self.learning.after_step(step, row, first=step == first_step)
+                self.history.append(row)
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            await pipeline.close()
+            if cfg.world_size > 1:
+                await asyncio.to_thread(self.policy.close, not failed)
+                self.policy = self.policy.policy
+        return float(val_after)
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:

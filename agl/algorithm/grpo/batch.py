@@ -21,7 +21,7 @@ from agl.algorithm.grpo.advantages import group_advantages
 from agl.schemas import LLMCall, Rollout, RolloutStatus, Span
 
 if TYPE_CHECKING:
-    from agl.algorithm.grpo.algorithm import GRPOConfig
+    from agl.algorithm.grpo.config import GRPOConfig
 
 
 @dataclass

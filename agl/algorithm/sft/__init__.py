@@ -1,8 +1,9 @@
 """SFT: select rollouts, build masked samples, train, push weights; iterated as rejection-sampling fine-tuning,
 or offline on rollouts already in a store (``SFTConfig(from_store=...)``, :func:`train_from_store`)."""
 
-from agl.algorithm.sft.algorithm import SFT, SFTConfig
-from agl.algorithm.sft.offline import samples_from_store, train_from_store
+from agl.algorithm.sft.algorithm import SFT, train_from_store
+from agl.algorithm.sft.config import SFTConfig
+from agl.algorithm.sft.offline import samples_from_store
 from agl.algorithm.sft.samples import (
     conversations_from_spans,
     export_jsonl,

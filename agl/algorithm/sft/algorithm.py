@@ -3,7 +3,8 @@
 Each iteration: run ``samples_per_task`` rollouts per training task with the current weights, keep
 the good ones (``min_reward`` and/or ``top_k_per_task``), train on their engine token ids with the
 loss masked to model tokens, push the weights to the engine, and measure validation reward.
-With ``from_store`` it trains offline instead, on rollouts already in a store (:mod:`agl.algorithm.sft.offline`).
+With ``from_store`` it trains offline instead, on rollouts already in a store (selected by
+:mod:`agl.algorithm.sft.offline`).
 The final policy goes to ``OUT/model`` as a Hugging Face folder (:mod:`agl.algorithm.export`).
 """
 
@@ -14,15 +15,16 @@ import contextlib
 import math
 import random
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from agl.algorithm.base import Algorithm, TrainingContext, validate
+from agl.adapter import Sample
+from agl.algorithm.base import Algorithm, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_outputs
 from agl.algorithm.health import Failures, check_not_all_failed, rollout_failures
-from agl.algorithm.memory import check_settings, step_peaks
-from agl.algorithm.sft.offline import TimeBound, parse_time
+from agl.algorithm.memory import step_peaks
+from agl.algorithm.sft.config import SFTConfig
+from agl.algorithm.sft.offline import load_selection
 from agl.algorithm.sft.samples import (
     conversations_from_spans,
     export_jsonl,
@@ -31,67 +33,6 @@ from agl.algorithm.sft.samples import (
     select_rollouts,
 )
 from agl.errors import ConfigError
-from agl.schemas import ModelWeights
-
-if TYPE_CHECKING:
-    from agl.store.base import LightningStore
-
-
-@dataclass(frozen=True)
-class SFTConfig:
-    model_path: str
-    iterations: int = 2
-    samples_per_task: int = 4
-    tasks_per_iteration: int = 16
-    min_reward: float | None = 1.0
-    top_k_per_task: int | None = 1
-    epochs: int = 1
-    batch_size: int = 8
-    lr: float = 1e-5
-    lora_rank: int = 0
-    micro_batch_tokens: int | Literal["auto"] = "auto"  # "auto": the largest that fits memory_budget_gb
-    activation_checkpointing: bool | Literal["auto"] = "auto"  # "auto": on for CPU, where it is no slower
-    memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
-    export_jsonl: bool = True
-    # offline: train `epochs` passes on succeeded rollouts already in this store (a URL for open_store, or a
-    # LightningStore) instead of generating any; chosen by min_reward/top_k_per_task, agent and finish time
-    from_store: str | LightningStore | None = None
-    agent: str | None = None  # only this agent's calls (agl.agent_scope name, agent endpoint or span name)
-    since: TimeBound = None  # finished at or after: Unix seconds, datetime or ISO 8601 (from_store only)
-    until: TimeBound = None  # finished at or before
-    # the final policy as a Hugging Face folder in OUT/model (LoRA merged), the best-validation one in
-    # OUT/model-best; export_adapter also keeps a LoRA run's bare adapter in OUT/model-adapter
-    export_model: bool = True
-    export_adapter: bool = False
-    # > 1: the policy trains on world_size ranks (spawned processes, or torchrun: see
-    # agl.algorithm.grpo.distributed); SFT over ranks shards with FSDP2, so sharding="fsdp" is required
-    world_size: int = 1
-    sharding: Literal["none", "fsdp"] = "none"
-    # a progress bar and a console line per step (metrics.csv and curve.png are always written)
-    progress: bool = True
-    rollout_timeout_s: float = 600.0
-    # every rollout of the baseline evaluation or the first iteration failed: stop with the first error
-    stop_on_all_failed: bool = True
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_settings(self.micro_batch_tokens, self.memory_budget_gb)
-        if self.iterations < 1 or self.samples_per_task < 1 or self.batch_size < 1:
-            raise ConfigError("SFTConfig needs iterations, samples_per_task and batch_size >= 1")
-        if self.epochs < 1:
-            raise ConfigError(f"SFTConfig needs epochs >= 1, got {self.epochs}")
-        if self.sharding not in ("none", "fsdp"):
-            raise ConfigError(f"SFTConfig(sharding=...) must be 'none' or 'fsdp', got {self.sharding!r}")
-        if self.world_size < 1 or (self.sharding == "fsdp") != (self.world_size > 1):
-            raise ConfigError(
-                f"SFTConfig(world_size={self.world_size}, sharding={self.sharding!r}): SFT over ranks shards "
-                "with FSDP2, so set world_size >= 2 with sharding=\"fsdp\", or world_size=1 with sharding='none'"
-            )
-        since, until = parse_time(self.since, "since"), parse_time(self.until, "until")
-        if since is not None and until is not None and since > until:
-            raise ConfigError(f"since ({self.since!r}) is after until ({self.until!r}): no rollout can match")
-        if (since is not None or until is not None) and self.from_store is None:
-            raise ConfigError("since/until select rollouts already in a store: set from_store too")
 
 
 class SFT(Algorithm):
@@ -104,8 +45,8 @@ class SFT(Algorithm):
         self.best: BestExport | None = None
 
     def policy_config(self) -> Any:
-        """The trainer-side policy's settings (a GRPO ``PolicyConfig``) from this config."""
-        from agl.algorithm.grpo.policy import PolicyConfig
+        """The trainer-side policy's settings (a :class:`~agl.algorithm.policy.PolicyConfig`) from this config."""
+        from agl.algorithm.policy import PolicyConfig
 
         cfg = self.config
         return PolicyConfig(
@@ -125,7 +66,7 @@ class SFT(Algorithm):
         if cfg.world_size < 2:
             yield
             return
-        from agl.algorithm.grpo.distributed import DistributedPolicy
+        from agl.algorithm.policy.distributed import DistributedPolicy
 
         self.policy = await asyncio.to_thread(
             DistributedPolicy.start, self.policy, cfg.world_size, None, cfg.sharding
@@ -142,7 +83,7 @@ class SFT(Algorithm):
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward of one validation rollout per task under ``resources_id``; failures score 0."""
-        return (await validate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s))[0]
+        return (await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)).score
 
     async def run(
         self,
@@ -156,30 +97,24 @@ class SFT(Algorithm):
 
         With ``from_store`` set, trains offline on the store's rollouts instead (no engine needed).
         """
-        from agl.algorithm.grpo.loss import LossConfig
-        from agl.algorithm.grpo.policy import Policy
+        from agl.algorithm.policy import LossConfig, Policy
 
         cfg = self.config
         if cfg.from_store is not None:
-            from agl.algorithm.sft.offline import run_offline
-
-            return await run_offline(self, ctx, val)
-        if ctx.llm is None or ctx.sync_weights is None:
+            return await self._run_offline(ctx, val)
+        if ctx.llm is None or ctx.engines is None:
             raise ConfigError("SFT trains a local model: run it through Trainer.fit, which serves the model")
         self.policy = await asyncio.to_thread(Policy, self.policy_config(), LossConfig())
         async with self.ranks():  # world_size > 1: every step on every rank (FSDP2 shards)
             rng = random.Random(cfg.seed)
-            version = "v0"
             seed = []
             if warm_start:
-                seed = samples_from_messages(self.policy.tokenizer, list(warm_start), ctx.extra.get("tools"))
+                seed = samples_from_messages(self.policy.tokenizer, list(warm_start), ctx.tools)
                 for start in range(0, len(seed), cfg.batch_size):
                     await asyncio.to_thread(self.policy.sft_step, seed[start : start + cfg.batch_size])
-                version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
-            resources_id = await ctx.publish(
-                {"llm": ctx.llm, "weights": ModelWeights(uri=cfg.model_path, version=version)}
-            )
-            before, failures = await validate(ctx, val, resources_id, timeout_s=cfg.rollout_timeout_s)
+            resources_id = (await ctx.publish_policy(self.policy if warm_start else None)).resources_id
+            baseline = await evaluate(ctx, val, resources_id, timeout_s=cfg.rollout_timeout_s)
+            before, failures = baseline.score, baseline.failures
             self._check(failures, "the baseline evaluation")
             after = before
             out = Path(ctx.output_dir)
@@ -194,7 +129,7 @@ class SFT(Algorithm):
                     {"iteration": 0, "val_reward": before, **failures.metrics("val_"), **failures.console()},
                 )
             try:
-                after = await self._iterate(ctx, train, val, rng, resources_id, version, metrics, after)
+                after = await self._iterate(ctx, train, val, rng, resources_id, metrics, after)
             finally:
                 metrics.close()
         exported = await asyncio.to_thread(
@@ -245,13 +180,10 @@ class SFT(Algorithm):
         val: Sequence[Any],
         rng: random.Random,
         resources_id: str,
-        version: str,
         metrics: Any,
         after: float,
     ) -> float:
         cfg = self.config
-        if ctx.llm is None or ctx.sync_weights is None:  # run() checked this; narrows the types here
-            raise ConfigError("SFT trains a local model: run it through Trainer.fit, which serves the model")
         step = 0
         for iteration in range(1, cfg.iterations + 1):
             tasks = rng.sample(list(train), min(cfg.tasks_per_iteration, len(train)))
@@ -294,11 +226,7 @@ class SFT(Algorithm):
                     at = iteration - 1 + finished / batches
                     metrics.log(step, {"iteration": at, "sft_loss": stats["sft_loss"], **step_peaks()})
             if samples:
-                version = await ctx.sync_weights(await asyncio.to_thread(self.policy.engine_weights))
-                resources_id = await ctx.publish(
-                    {"llm": ctx.llm, "weights": ModelWeights(uri=cfg.model_path, version=version)},
-                    model_version=version,
-                )
+                resources_id = (await ctx.publish_policy(self.policy)).resources_id
             if val:
                 after = await self.evaluate(ctx, val, resources_id)
                 row["val_reward"] = after
@@ -314,3 +242,123 @@ class SFT(Algorithm):
                 },
             )
         return after
+
+    async def _run_offline(self, ctx: TrainingContext, val: Sequence[Any]) -> dict[str, Any]:
+        """Train ``epochs`` epochs on the store's selected rollouts; validate when an engine serves.
+
+        Under ``Trainer.fit`` the new weights go to the engine and ``val`` is scored before and after
+        (those are the only rollouts run). Without an engine (``ctx.engines`` None) it only trains
+        and exports.
+        """
+        from agl.algorithm.policy import LossConfig, Policy
+        from agl.metrics import MetricsLogger
+
+        cfg = self.config
+        selection = await load_selection(cfg)
+        if not selection.samples:
+            raise ConfigError(selection.explain(str(cfg.from_store)))
+        out = Path(ctx.output_dir)
+        if cfg.export_jsonl:
+            export_jsonl(selection.conversations, out / "sft-from-store.jsonl")
+        self.policy = await asyncio.to_thread(Policy, self.policy_config(), LossConfig())
+        serving = ctx.llm is not None and ctx.engines is not None
+        best = BestExport(
+            out / BEST_DIR, enabled=cfg.export_model and bool(val) and serving, base_path=cfg.model_path
+        )
+        metrics = MetricsLogger(
+            out,
+            total_steps=cfg.epochs,
+            progress=cfg.progress,
+            console=cfg.progress,
+            shown=("epoch", "sft_loss", "val_reward", "samples"),
+            label="epoch",
+            step_name="step",
+            progress_key="epoch",
+            plot_y=("sft_loss", "val_reward"),
+            title="SFT from a store",
+            tensorboard=False,
+        )
+        before = after = float("nan")
+        async with self.ranks():  # world_size > 1: every step on every rank (FSDP2 shards)
+            try:
+                if serving and val:
+                    before = after = await self.evaluate(ctx, val, (await ctx.publish_policy()).resources_id)
+                    metrics.log(0, {"epoch": 0, "val_reward": before, **selection.counts})
+                    await asyncio.to_thread(best.offer, self.policy, before, epoch=0)
+                await self._train_epochs(selection.samples, metrics)
+                if serving:
+                    resources_id = (await ctx.publish_policy(self.policy)).resources_id
+                    if val:
+                        after = await self.evaluate(ctx, val, resources_id)
+                        self.history[-1]["val_reward"] = after
+                        metrics.log(len(self.history), {"epoch": cfg.epochs, "val_reward": after})
+                        await asyncio.to_thread(best.offer, self.policy, after, epoch=cfg.epochs)
+            finally:
+                metrics.close()
+        exported = await asyncio.to_thread(
+            export_outputs,
+            self.policy,
+            out,
+            enabled=cfg.export_model,
+            adapter=cfg.export_adapter,
+            base_path=cfg.model_path,
+            best=best,
+            info={"algorithm": "SFT", "from_store": str(cfg.from_store), "epochs": cfg.epochs},
+        )
+        return {
+            "val_reward_before": before,
+            "val_reward_after": after,
+            "warm_start_samples": 0,
+            "history": self.history,
+            "selected": selection.counts,
+            **exported,
+        }
+
+    async def _train_epochs(self, samples: list[Sample], metrics: Any) -> None:
+        """``epochs`` passes over ``samples`` in shuffled batches; a history row (mean loss) per epoch."""
+        cfg = self.config
+        rng = random.Random(cfg.seed)
+        batches = math.ceil(len(samples) / cfg.batch_size)
+        step = 0
+        for epoch in range(1, cfg.epochs + 1):
+            order = list(samples)
+            rng.shuffle(order)
+            losses = []
+            for b in range(batches):
+                stats = await asyncio.to_thread(
+                    self.policy.sft_step, order[b * cfg.batch_size : (b + 1) * cfg.batch_size]
+                )
+                losses.append(stats["sft_loss"])
+                step += 1
+                metrics.log(step, {"epoch": epoch - 1 + (b + 1) / batches, "sft_loss": stats["sft_loss"]})
+            self.history.append(
+                {
+                    "epoch": float(epoch),
+                    "sft_loss": sum(losses) / len(losses),
+                    "samples": float(len(samples)),
+                    "model_tokens": float(sum(s.num_model_tokens for s in samples)),
+                }
+            )
+
+
+def train_from_store(config: SFTConfig, output_dir: str | Path = "results") -> dict[str, Any]:
+    """Offline SFT without an engine or agent (``config.from_store`` must be set): train, export, return.
+
+    What a command line needs: ``train_from_store(SFTConfig(model_path=..., from_store=URL), OUT)``.
+    """
+    from agl.store.memory import InMemoryLightningStore
+
+    if config.from_store is None:
+        raise ConfigError("train_from_store needs SFTConfig(from_store=URL)")
+
+    async def main() -> dict[str, Any]:
+        store = InMemoryLightningStore()  # the context needs one; offline training never uses it
+        try:
+            return await SFT(config).run(TrainingContext(store=store, output_dir=str(output_dir)), [], [])
+        finally:
+            await store.aclose()
+
+    return asyncio.run(main())
+
+
+__all__ = ["SFT", "SFTConfig", "train_from_store"]

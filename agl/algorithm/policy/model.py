@@ -1,0 +1,392 @@
+"""The trainer-side policy of GRPO and SFT: a HF causal LM (full or LoRA), its log-probs, and one optimizer step.
+
+Micro-batches are cut by a token limit; each adds its share of the batch loss (aggregation weights
+are computed over the whole batch), so accumulation gives the same gradient as one big batch. The
+limit is sized to a memory budget (:mod:`agl.algorithm.memory`): a micro-batch whose peak goes over it
+restarts the step's accumulation with smaller micro-batches, which changes nothing in the gradient. Under
+torch.distributed each rank backpropagates its shard of the samples and the gradients are summed
+(:mod:`agl.algorithm.policy.distributed`), which gives the same gradient again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agl.adapter.trajectory import Sample
+from agl.algorithm.memory import (
+    GB,
+    Checkpointing,
+    MicroBatchSizer,
+    MicroBatchTokens,
+    checkpointing_for,
+    limit_arenas,
+    release_free_memory,
+    shared_monitor,
+)
+from agl.algorithm.policy import collective
+from agl.algorithm.policy.logprobs import token_logprobs
+from agl.algorithm.policy.loss import LossConfig, grpo_loss, token_weights
+from agl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    model_path: str
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: MicroBatchTokens = "auto"  # "auto": the largest that fits memory_budget_gb
+    lora_rank: int = 0  # 0: full fine-tuning
+    lora_alpha: int = 32
+    kl_coef: float = 0.0
+    activation_checkpointing: Checkpointing = "auto"  # "auto": on for CPU (no slower there), off on CUDA
+    seed: int = 0
+    device: str = "cpu"  # "cuda" trains on the GPU
+    memory_budget_gb: float | None = None  # None: a fraction of the RAM (or VRAM) this process could have
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, T)
+    attention: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T-1), loss mask of predicted tokens
+    old_logprobs: torch.Tensor  # (B, T-1)
+    advantages: torch.Tensor  # (B,), or (B, T-1) per token
+    rollout_index: torch.Tensor  # (B,)
+    has_old: torch.Tensor  # (B,) whether the engine's logprobs came with the sample
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+
+
+def collate(
+    samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int], pad_id: int
+) -> Batch:
+    """Right-padded tensors; position t of mask/old_logprobs describes token t+1 (what logits[t] predict)."""
+    if not samples:
+        raise ConfigError(
+            "a training batch needs at least one sample, got none; skip the step when build_batch "
+            "returns no samples (e.g. every group had the same reward)"
+        )
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.float32)
+    old = torch.zeros((len(samples), width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[i, :n] = torch.tensor(s.input_ids)
+        attention[i, :n] = 1
+        mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
+        if s.old_logprobs is not None:
+            old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    adv = torch.tensor(list(advantages), dtype=torch.float32)  # (B,)
+    if any(s.token_advantages is not None for s in samples):  # per-call credit: (B, T-1)
+        per_token = adv.unsqueeze(-1).repeat(1, width)
+        for i, s in enumerate(samples):
+            if s.token_advantages is not None:
+                per_token[i, : len(s.input_ids)] = torch.tensor(s.token_advantages, dtype=torch.float32)
+        adv = per_token[:, 1:]
+    return Batch(
+        ids,
+        attention,
+        mask[:, 1:],
+        old[:, 1:],
+        adv,
+        torch.tensor(list(rollout_index), dtype=torch.long),
+        torch.tensor([s.old_logprobs is not None for s in samples]),
+    )
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them."""
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+    if enable is not None:
+        enable()
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float | None = None) -> torch.Tensor:
+    """Masked NLL: -(sum of log-probs of model tokens) / normalizer (default: their count). (B, T-1) inputs."""
+    norm = mask.sum().clamp(min=1) if normalizer is None else normalizer
+    return -(logprobs * mask).sum() / norm
+
+
+class Policy:
+    """The model being trained, its optimizer and (with KL) a frozen reference copy."""
+
+    def __init__(self, config: PolicyConfig, loss: LossConfig) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        limit_arenas()  # before the model's weights and the worker threads allocate
+        torch.manual_seed(config.seed)
+        self.config, self.loss_config = config, loss
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model_path, local_files_only=True, dtype=torch.float32
+        )
+        self.device = torch.device(config.device)
+        self.data_parallel = False  # set by agl.algorithm.policy.distributed on every rank of a group
+        model.to(self.device)  # type: ignore[arg-type]
+        if checkpointing_for(config.activation_checkpointing, self.device):
+            enable_activation_checkpointing(model)
+        self.reference = None
+        if config.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(
+                config.model_path, local_files_only=True, dtype=torch.float32
+            ).eval()
+            self.reference.to(self.device)  # type: ignore[arg-type]
+        if config.lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear")
+            model = get_peft_model(model, lora)  # type: ignore[assignment]
+        self.model = model
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
+        self.sizer = MicroBatchSizer(config.micro_batch_tokens, self.device, config.memory_budget_gb)
+        self.monitor = shared_monitor()
+        self._update_peak = 0
+
+    def micro_batches(self, samples: Sequence[Sample], limit: int | None = None) -> list[list[int]]:
+        """Sample indices grouped so each group's padded size stays within ``limit`` tokens (default:
+        the current micro-batch limit); shortest first, a sample longer than the limit goes alone."""
+        order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
+        groups: list[list[int]] = []
+        while order:
+            group = _next_group(order, [len(s.input_ids) for s in samples], limit or self.sizer.limit)
+            groups.append(group)
+            order = order[len(group) :]
+        return groups
+
+    def _backprop(
+        self,
+        samples: Sequence[Sample],
+        mine: Sequence[int],
+        work: Callable[[list[int]], None],
+        restart: Callable[[], None],
+    ) -> None:
+        """Run ``work`` (forward and backward of one micro-batch) over ``mine``, micro-batch by micro-batch,
+        within the memory budget; on a micro-batch over it, zero the gradient, ``restart`` the sums and
+        go again with smaller micro-batches."""
+        lengths = [len(s.input_ids) for s in samples]
+        cuda = self.device.type == "cuda"
+        while True:
+            release_free_memory()
+            self.sizer.check_base(torch.cuda.memory_allocated(self.device) if cuda else self.monitor.sample())
+            order = sorted(mine, key=lambda i: lengths[i])
+            restart()
+            self._update_peak = over = 0  # report the peak of the pass that counts
+            group: list[int] = []
+            while order and not over:
+                group = _next_group(order, lengths, self.sizer.limit)
+                order = order[len(group) :]
+                tokens = len(group) * max(lengths[i] for i in group)
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(self.device)
+                    base = torch.cuda.memory_allocated(self.device)
+                else:
+                    base = self.monitor.window()
+                try:
+                    work(group)
+                except torch.OutOfMemoryError:  # CUDA: the allocator could not find the memory
+                    over = tokens
+                    break
+                if cuda:
+                    peak = torch.cuda.max_memory_allocated(self.device)
+                    self.monitor.note_vram(peak)
+                else:
+                    peak = self.monitor.window_peak()
+                self._update_peak = max(self._update_peak, peak)
+                if not self.sizer.observe(tokens, base, peak):
+                    over = tokens
+            if not over:
+                return
+            self.optimizer.zero_grad(set_to_none=True)
+            self.sizer.back_off(over, alone=len(group) == 1)  # raises when one sample alone did not fit
+            log.warning(
+                "a micro-batch of %d tokens went over the memory budget (%.1f GB): retrying the step with "
+                "micro-batches of %d tokens",
+                over,
+                self.sizer.budget() / GB,
+                self.sizer.limit,
+            )
+
+    def _memory_metrics(self, backoffs_before: int) -> dict[str, float]:
+        key = "update_peak_vram_gb" if self.device.type == "cuda" else "update_peak_rss_gb"
+        row = {
+            "micro_batch_tokens": float(self.sizer.limit),
+            "memory_backoffs": float(self.sizer.backoffs - backoffs_before),
+            "memory_budget_gb": self.sizer.budget() / GB,
+            key: self._update_peak / GB,
+        }
+        self._update_peak = 0
+        return row
+
+    def accumulate(
+        self,
+        samples: Sequence[Sample],
+        advantages: Sequence[float],
+        rollout_index: Sequence[int],
+        only: Sequence[int] | None = None,
+    ) -> dict[str, float]:
+        """Backpropagate the batch loss into ``.grad`` micro-batch by micro-batch; returns loss, KL, entropy.
+
+        ``only``: backpropagate just these samples' share of the loss (a data-parallel rank's shard);
+        aggregation weights still come from the whole batch, so the shards' gradients sum to the batch's.
+        """
+        full = collate(samples, advantages, rollout_index, self.pad_id)
+        weights = token_weights(full.mask, self.loss_config.aggregation, full.rollout_index)  # (B, T-1)
+        names = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean")
+        totals: dict[str, float] = dict.fromkeys(names, 0.0)
+        n_tokens = max(float(full.mask.sum()), 1.0)
+        mine = list(range(len(samples))) if only is None else list(only)
+
+        def work(group: list[int]) -> None:
+            part = collate(
+                [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
+            ).to(self.device)
+            w = weights[torch.tensor(group), : part.input_ids.shape[1] - 1].to(self.device)  # (b, t-1)
+            logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention)
+            # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
+            old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref, _ = token_logprobs(self.reference, part.input_ids, part.attention)
+            loss, metrics = grpo_loss(
+                logprobs, old, part.advantages, part.mask, self.loss_config, ref_logprobs=ref, weights=w
+            )
+            self.monitor.sample()  # activations are all held here: the micro-batch's peak
+            loss.backward()
+            share = float(part.mask.sum()) / n_tokens
+            totals["loss"] += float(loss.item())
+            totals["kl"] += metrics["kl"] * share
+            totals["clip_fraction"] += metrics["clip_fraction"] * share
+            # pi_theta / pi_behaviour: off-policy (stale) samples move it away from 1
+            totals["ratio_mean"] += metrics["ratio_mean"] * share
+            totals["entropy"] += float((entropy * part.mask).sum()) / n_tokens
+
+        self._backprop(samples, mine, work, restart=lambda: totals.update(dict.fromkeys(names, 0.0)))
+        totals["trained_tokens"] = float(full.mask.sum())
+        totals["processed_tokens"] = float(sum(len(s.input_ids) for s in samples))
+        return totals
+
+    def step(
+        self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
+    ) -> dict[str, float]:
+        """One optimizer step over ``samples`` (accumulate, clip, AdamW); adds grad norm and tokens/s."""
+        started = time.perf_counter()
+        backoffs = self.sizer.backoffs
+        self.optimizer.zero_grad(set_to_none=True)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.data_parallel and collective.active():
+            import torch.distributed as dist
+
+            shards = collective.shard([len(s.input_ids) for s in samples], dist.get_world_size())
+            metrics = self.accumulate(samples, advantages, rollout_index, only=shards[dist.get_rank()])
+            collective.all_reduce_grads(params)
+            metrics = collective.all_reduce_metrics(metrics, self.device)
+        else:
+            metrics = self.accumulate(samples, advantages, rollout_index)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        self.optimizer.step()
+        release_free_memory()
+        elapsed = time.perf_counter() - started
+        return {
+            **metrics,
+            "grad_norm": float(grad_norm),
+            "train_tokens_per_s": metrics["processed_tokens"] / elapsed,
+            "update_time_s": elapsed,
+            **self._memory_metrics(backoffs),
+        }
+
+    def sft_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step of masked next-token NLL: only model tokens (mask 1) carry loss."""
+        started = time.perf_counter()
+        backoffs = self.sizer.backoffs
+        self.optimizer.zero_grad(set_to_none=True)
+        n_tokens = float(sum(s.num_model_tokens for s in samples))
+        total = [0.0]
+
+        def work(group: list[int]) -> None:
+            part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id).to(
+                self.device
+            )
+            logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention)
+            loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
+            self.monitor.sample()  # activations are all held here: the micro-batch's peak
+            loss.backward()
+            total[0] += float(loss.item())
+
+        def restart() -> None:
+            total[0] = 0.0
+
+        self._backprop(samples, range(len(samples)), work, restart)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
+        )
+        self.optimizer.step()
+        release_free_memory()
+        return {
+            "sft_loss": total[0],
+            "grad_norm": float(grad_norm),
+            "train_tokens_per_s": n_tokens / (time.perf_counter() - started),
+            **self._memory_metrics(backoffs),
+        }
+
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """Full weights for the engine: the model's state dict, with LoRA merged in when training LoRA."""
+        if self.config.lora_rank > 0:
+            merged = {}
+            base = self.model.get_base_model()  # type: ignore[operator]
+            with torch.no_grad():
+                self.model.merge_adapter()  # type: ignore[operator]
+                merged = {k: v.detach().clone() for k, v in base.state_dict().items() if "lora_" not in k}
+                self.model.unmerge_adapter()  # type: ignore[operator]
+            return {k.replace("base_layer.", ""): v for k, v in merged.items()}
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save_adapter(self, folder: Path) -> None:
+        """The LoRA adapter alone as a PEFT folder (what vLLM hot-loads)."""
+        if not hasattr(self.model, "peft_config"):
+            raise ConfigError(
+                "this policy trains full weights (lora_rank=0), so it has no LoRA adapter to save; "
+                "engines started for LoRA need a policy with lora_rank > 0"
+            )
+        self.model.save_pretrained(str(folder))
+
+    def save(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+
+    def load_optimizer(self, path: Path) -> None:
+        state = path / "optimizer.pt"
+        if state.exists():
+            self.optimizer.load_state_dict(torch.load(state, weights_only=True))
+
+
+def _next_group(order: Sequence[int], lengths: Sequence[int], limit: int) -> list[int]:
+    """The longest prefix of ``order`` (sorted by length) whose padded size stays within ``limit``."""
+    group = [order[0]]
+    for i in order[1:]:
+        if lengths[i] * (len(group) + 1) > limit:  # sorted: ``i`` is the widest so far
+            break
+        group.append(i)
+    return group
