@@ -51,7 +51,12 @@ def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, tr
     mb: MicroBatchTokens = "auto" if micro_batch == "auto" else int(micro_batch)
     policy = Policy(
         PolicyConfig(
-            model_path=str(path), lr=1e-6, micro_batch_tokens=mb, activation_checkpointing=checkpointing
+            model_path=str(path),
+            lr=1e-6,
+            micro_batch_tokens=mb,
+            activation_checkpointing=checkpointing,
+            # the code before had no budget: the old cell must not be refused for what it used to hold
+            memory_budget_gb=None if trim else 1024.0,
         ),
         LossConfig(),
     )
