@@ -10,7 +10,8 @@ import torch.distributed as dist
 
 from agl.adapter import Sample, llm_calls, to_samples
 from agl.algorithm.grpo import GRPOConfig, LossConfig
-from agl.algorithm.policy.distributed import DistributedPolicy, shard
+from agl.algorithm.policy.collective import shard
+from agl.algorithm.policy.distributed import DistributedPolicy
 from agl.algorithm.policy.model import Policy, PolicyConfig
 from agl.errors import ConfigError
 from agl.models import tiny_model

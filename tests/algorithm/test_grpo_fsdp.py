@@ -12,7 +12,8 @@ import torch.distributed as dist
 from agl.adapter import Sample
 from agl.algorithm.export import export_policy
 from agl.algorithm.grpo import GRPOConfig, LossConfig
-from agl.algorithm.policy.distributed import DistributedPolicy, shard
+from agl.algorithm.policy.collective import shard
+from agl.algorithm.policy.distributed import DistributedPolicy
 from agl.algorithm.policy.model import Policy, PolicyConfig
 from agl.algorithm.sft import SFTConfig
 from agl.errors import ConfigError
