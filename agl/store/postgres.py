@@ -52,6 +52,7 @@ class PostgresLightningStore(SqlLightningStore):
         self.path = dsn
         self.schema = schema
         conn = psycopg.connect(dsn, autocommit=True)
+        conn.adapters.register_dumper(str, _nul_free_str_dumper())
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(4747)")  # one creator at a time
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
@@ -94,3 +95,18 @@ class PostgresLightningStore(SqlLightningStore):
             while not self._db.closed:
                 for note in conn.notifies(timeout=0.5):
                     self._waiters.notify(orjson.loads(note.payload))
+
+
+def _nul_free_str_dumper() -> type:
+    """psycopg's default ``str`` dumper, writing NUL as U+FFFD instead of failing the transaction.
+
+    PostgreSQL text cannot hold NUL, and a model may emit one; spans keep it exactly (their JSON escapes
+    it as ``\\u0000``), so only derived text columns (a digest's reply, an error's message) see U+FFFD.
+    """
+    from psycopg.types.string import StrDumperUnknown
+
+    class NulFreeStrDumper(StrDumperUnknown):
+        def dump(self, obj: str) -> Any:
+            return super().dump(obj.replace("\x00", "\ufffd") if "\x00" in obj else obj)
+
+    return NulFreeStrDumper

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from agl import semconv as sc
 from agl.errors import (
     ConflictError,
     InvalidSpanError,
@@ -496,6 +497,19 @@ async def test_span_round_trips_every_field(store: LightningStore) -> None:
     stored = await store.add_span(span)
     (read,) = (await store.query_spans(rollout_id=c.rollout.rollout_id)).items
     assert read == stored and read.attributes["nested"] == {"a": [1, 2, {"b": None}]}
+
+
+async def test_nul_in_a_reply_is_stored_and_read_back(store: LightningStore) -> None:
+    """A tiny model may emit NUL; PostgreSQL text cannot hold it, and the span must not be lost for it."""
+    c = await _claim(store)
+    reply = {"role": "assistant", "content": "ok\x00then"}
+    attrs = {sc.LLM_API: "chat.completions", sc.LLM_SOURCE: "gateway", sc.LLM_RESPONSE_MESSAGE: reply}
+    stored = await store.add_span(_span(c.rollout.rollout_id, c.attempt.attempt_id, "call", **attrs))
+    (read,) = (await store.query_spans(rollout_id=c.rollout.rollout_id)).items
+    assert read == stored
+    assert read.attributes[sc.LLM_RESPONSE_MESSAGE]["content"] == "ok\x00then"
+    (digest,) = (await store.query_digests(rollout_ids=[c.rollout.rollout_id])).items
+    assert digest.reply in ("ok\x00then", "ok\ufffdthen")  # PostgreSQL's digest column holds U+FFFD
 
 
 async def test_query_spans_by_name_and_attempt(store: LightningStore) -> None:
