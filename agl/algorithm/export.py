@@ -7,6 +7,7 @@ sibling and renamed into place, so a crash never leaves a half-written ``model/`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -19,7 +20,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -188,29 +189,39 @@ class BestExport:
         return True
 
 
-def export_outputs(
+class ExportSettings(Protocol):
+    """The config fields the end-of-run export reads (``GRPOConfig`` and ``SFTConfig`` have them)."""
+
+    @property
+    def export_model(self) -> bool: ...
+    @property
+    def export_adapter(self) -> bool: ...
+    @property
+    def model_path(self) -> str: ...
+
+
+async def export_trained(
     policy: Any,
+    cfg: ExportSettings,
     out_dir: str | Path,
     *,
-    enabled: bool,
-    adapter: bool,
-    base_path: str | None,
     best: BestExport | None = None,
     info: dict[str, Any] | None = None,
 ) -> dict[str, str | None]:
-    """Write the final policy to ``OUT/model`` (and ``OUT/model-adapter``) unless disabled.
+    """At the end of a run, write the final policy to ``OUT/model`` (and ``OUT/model-adapter``) as ``cfg`` says.
 
-    Returns the result fields a run adds: ``model_path``, ``best_model_path``, ``adapter_path``
-    (None for what was not written).
+    The writing runs on a worker thread. Returns the result fields a run adds: ``model_path``, ``best_model_path``,
+    ``adapter_path`` (None for what was not written).
     """
     out = Path(out_dir)
     exported = None
-    if enabled and policy is not None:
-        exported = export_policy(
+    if cfg.export_model and policy is not None:
+        exported = await asyncio.to_thread(
+            export_policy,
             policy,
             out / MODEL_DIR,
-            adapter_folder=out / ADAPTER_DIR if adapter else None,
-            base_path=base_path,
+            adapter_folder=out / ADAPTER_DIR if cfg.export_adapter else None,
+            base_path=cfg.model_path,
             info=info,
         )
     best_path = best.path if best is not None and best.enabled else None
@@ -228,8 +239,9 @@ __all__ = [
     "BEST_DIR",
     "MODEL_DIR",
     "BestExport",
+    "ExportSettings",
     "Exported",
-    "export_outputs",
     "export_policy",
+    "export_trained",
     "write_atomically",
 ]

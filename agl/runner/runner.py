@@ -110,6 +110,8 @@ class Runner:
             an unreachable store before it gives them up.
         flush_every: an attempt's buffered spans go to the span writer once this many are waiting (and
             all of them when it ends); the writer batches them with other attempts' spans.
+        host_info: more fields for the worker's ``host`` record in the store, beside hostname and pid
+            (where it runs: ``RayLauncher`` adds the Ray node).
     """
 
     def __init__(
@@ -129,6 +131,7 @@ class Runner:
         store_backoff_s: float = 0.5,
         max_store_backoff_s: float = 30.0,
         report_timeout_s: float = 600.0,
+        host_info: dict[str, Any] | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -136,6 +139,7 @@ class Runner:
         self.store = store
         self.max_concurrency = max_concurrency
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{new_id('w', 3)}"
+        self.host_info = dict(host_info or {})
         self.heartbeat_interval_s = heartbeat_interval_s
         self.poll_interval_s = poll_interval_s
         self.max_poll_interval_s = max_poll_interval_s
@@ -211,7 +215,7 @@ class Runner:
         return self.stats.outcomes[first:]
 
     async def _register(self) -> None:
-        host = {"hostname": socket.gethostname(), "pid": os.getpid()}
+        host = {"hostname": socket.gethostname(), "pid": os.getpid(), **self.host_info}
 
         async def call() -> Any:
             with suppressed():

@@ -250,21 +250,6 @@ async def _fail_attempts(store: Any, worker_id: str | None, error: str) -> int:
     return len(attempts)
 
 
-class _NodeTaggedClient(LightningStoreClient):
-    """A store client that adds the actor's Ray node (``_where()``) to the worker ``host`` it registers."""
-
-    def __init__(self, url: str, token: str | None, where: dict[str, Any]) -> None:
-        super().__init__(url, token=token)
-        self.where = where
-
-    async def update_worker(
-        self, worker_id: str, *, status: WorkerStatus | None = None, host: dict[str, Any] | None = None
-    ) -> Any:
-        if host is not None:
-            host = {**host, **self.where}
-        return await super().update_worker(worker_id, status=status, host=host)
-
-
 class _RunnerActor:
     """A ``Runner`` in a Ray actor (an async actor: ``run`` and ``stop`` share its event loop)."""
 
@@ -272,9 +257,14 @@ class _RunnerActor:
         from agl.runner.runner import Runner
 
         self._where = _where()
-        self.store = _NodeTaggedClient(store_url, token, self._where)
+        self.store = LightningStoreClient(store_url, token=token)
         self.runner = Runner(
-            agent, self.store, max_concurrency=max_concurrency, poll_interval_s=0.02, handle_signals=False
+            agent,
+            self.store,
+            max_concurrency=max_concurrency,
+            poll_interval_s=0.02,
+            handle_signals=False,
+            host_info=self._where,
         )
 
     async def where(self) -> dict[str, Any]:

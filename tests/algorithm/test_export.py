@@ -24,7 +24,7 @@ import torch
 
 import agl
 from agl.algorithm.base import TrainingContext
-from agl.algorithm.export import INFO_FILE, BestExport, export_outputs, export_policy, write_atomically
+from agl.algorithm.export import INFO_FILE, BestExport, export_policy, export_trained, write_atomically
 from agl.algorithm.grpo import GRPO, GRPOConfig
 from agl.algorithm.grpo.loss import LossConfig
 from agl.algorithm.policy.model import Policy, PolicyConfig
@@ -274,11 +274,11 @@ def test_best_export_writes_only_on_improvement_and_resumes_from_disk(policy: Po
     assert not off.offer(policy, 1.0) and not (tmp_path / "off").exists()
 
 
-def test_export_can_be_switched_off(policy: Policy, tmp_path: Path) -> None:
-    paths = export_outputs(policy, tmp_path, enabled=False, adapter=True, base_path=None)
+async def test_export_can_be_switched_off(policy: Policy, tmp_path: Path) -> None:
+    cfg = GRPOConfig(model_path="m", export_model=False, export_adapter=True)
+    paths = await export_trained(policy, cfg, tmp_path)
     assert paths == {"model_path": None, "best_model_path": None, "adapter_path": None}
     assert list(tmp_path.iterdir()) == []
-    assert GRPOConfig(model_path="m", export_model=False).export_model is False
 
 
 def test_train_from_store_needs_a_store(tmp_path: Path) -> None:

@@ -132,11 +132,11 @@ def test_fit_on_ray_runs_runners_and_engine_on_actors(ray_cluster: Any, tmp_path
     spans = [s for s in found if hasattr(s, "attributes")]
     workers = [w for w in found if hasattr(w, "host")]
     assert len(rollouts) == 8 + 2 and all(r.status == agl.RolloutStatus.SUCCEEDED for r in rollouts)
-    # both runner actors ran rollouts, in processes other than the driver
+    # both runner actors ran rollouts, in processes other than the driver, and recorded their Ray node
     assert len({a.worker_id for a in attempts}) == 2
-    assert {w.host["pid"] for w in workers if w.worker_id in {a.worker_id for a in attempts}}.isdisjoint(
-        {os.getpid()}
-    )
+    hosts = [w.host for w in workers if w.worker_id in {a.worker_id for a in attempts}]
+    assert {h["pid"] for h in hosts}.isdisjoint({os.getpid()})
+    assert {h["ray_node_id"] for h in hosts} == {ray_cluster.get_runtime_context().get_node_id()}
     # the engine actor served every call, with token ids and the version of the weights used
     assert len(spans) == 10 and all(s.attributes[sc.LLM_HAS_TOKEN_IDS] for s in spans)
     assert len({s.attributes[sc.LLM_BACKEND] for s in spans}) == 1

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agl.algorithm.base import Algorithm, TrainingContext, evaluate
-from agl.algorithm.export import BEST_DIR, BestExport, export_outputs
+from agl.algorithm.export import BEST_DIR, BestExport, export_trained
 from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog, drop_stale
 from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
@@ -170,15 +170,8 @@ class GRPO(Algorithm):
             best=best,
         )
         metrics.close()
-        exported = await asyncio.to_thread(
-            export_outputs,
-            self.policy,
-            out,
-            enabled=cfg.export_model,
-            adapter=cfg.export_adapter,
-            base_path=cfg.model_path,
-            best=best,
-            info={"algorithm": "GRPO", "steps": cfg.steps},
+        exported = await export_trained(
+            self.policy, cfg, out, best=best, info={"algorithm": "GRPO", "steps": cfg.steps}
         )
         return {
             "val_reward_before": val_before,

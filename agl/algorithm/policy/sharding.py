@@ -122,6 +122,7 @@ def _state_options(**kwargs: Any) -> Any:
     return StateDictOptions(**kwargs)
 
 
+# not peft's merge_adapter: that merges modules in place (FSDP shards here); this merges the gathered dict
 def merge_lora(state: dict[str, torch.Tensor], scaling: dict[str, float]) -> dict[str, torch.Tensor]:
     """A PEFT model's full state dict as the plain model's weights: W + scaling * B @ A per adapted layer.
 

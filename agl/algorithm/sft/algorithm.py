@@ -20,7 +20,7 @@ from typing import Any
 
 from agl.adapter import Sample
 from agl.algorithm.base import Algorithm, TrainingContext, evaluate
-from agl.algorithm.export import BEST_DIR, BestExport, export_outputs
+from agl.algorithm.export import BEST_DIR, BestExport, export_trained
 from agl.algorithm.health import Failures, check_not_all_failed, rollout_failures
 from agl.algorithm.memory import step_peaks
 from agl.algorithm.sft.config import SFTConfig
@@ -132,15 +132,8 @@ class SFT(Algorithm):
                 after = await self._iterate(ctx, train, val, rng, resources_id, metrics, after)
             finally:
                 metrics.close()
-        exported = await asyncio.to_thread(
-            export_outputs,
-            self.policy,
-            out,
-            enabled=cfg.export_model,
-            adapter=cfg.export_adapter,
-            base_path=cfg.model_path,
-            best=self.best,
-            info={"algorithm": "SFT", "iterations": cfg.iterations},
+        exported = await export_trained(
+            self.policy, cfg, out, best=self.best, info={"algorithm": "SFT", "iterations": cfg.iterations}
         )
         return {
             "val_reward_before": before,
@@ -295,13 +288,10 @@ class SFT(Algorithm):
                         await asyncio.to_thread(best.offer, self.policy, after, epoch=cfg.epochs)
             finally:
                 metrics.close()
-        exported = await asyncio.to_thread(
-            export_outputs,
+        exported = await export_trained(
             self.policy,
+            cfg,
             out,
-            enabled=cfg.export_model,
-            adapter=cfg.export_adapter,
-            base_path=cfg.model_path,
             best=best,
             info={"algorithm": "SFT", "from_store": str(cfg.from_store), "epochs": cfg.epochs},
         )
