@@ -90,7 +90,9 @@ def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -
 
     @agl.rollout
     async def agent(task: dict[str, Any]) -> None:
-        counted["otel_spans"] += await work(task, tracer, agl.emit_reward)
+        # not `counted[...] += await work(...)`: that reads the count before the await and loses updates
+        spans = await work(task, tracer, agl.emit_reward)
+        counted["otel_spans"] += spans
 
     async def own_cost(samples: int = 64) -> tuple[float, int]:
         """CPU of the same work on a bare OTel SDK provider, outside agl: what the user's code costs alone."""

@@ -2,7 +2,8 @@
 
 ``RolloutSpanProcessor`` notes the active rollout when a span starts and, when it ends, converts it
 to an ``agl.schemas.Span`` (canonical LLM keys added) in that rollout's buffer. It never blocks or
-raises into the agent: a failure is logged once and counted.
+raises into the agent: a failure is logged once and counted. A span it files keeps its attributes in a
+``PlainAttributes``: the SDK's store, with a quicker bulk set that also checks them for the conversion.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from itertools import chain
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import orjson
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from pydantic import BaseModel
 
@@ -78,7 +80,48 @@ def _plain(raw: Any) -> Mapping[str, Any]:
 
 _SCALARS = frozenset({str, int, float, bool})
 _FLAT = _SCALARS | {tuple}
+_GIVEN = _FLAT | {list}  # what a bulk set may hand over for the quick path
+_TEXT = frozenset({str})
+_is_list = list.__instancecheck__
 _is_tuple = tuple.__instancecheck__
+_is_float = float.__instancecheck__
+_INF = float("inf")
+
+
+def _finite(values: Collection[Any]) -> bool:
+    """True unless a float among ``values`` is NaN or an infinity (an overflowing sum says False too: slower only)."""
+    total = sum(filter(_is_float, values), 0.0)
+    return -_INF < total < _INF
+
+
+def _json_keeps(given: Mapping[str, Any], kinds: set[type], items: list[Any], item_kinds: set[type]) -> bool:
+    """True when JSON keeps ``given`` exactly, the exact types of its values (``kinds``) and of its lists' and
+    tuples' ``items`` (``item_kinds``) checked: no NaN or infinity, and orjson (in C) takes it, so no integer
+    beyond 64 bits and no unpaired surrogate."""
+    if float in kinds and not _finite(given.values()) or float in item_kinds and not _finite(items):
+        return False
+    try:
+        orjson.dumps(given)
+    except orjson.JSONEncodeError:
+        return False
+    return True
+
+
+def _plain_json(held: Mapping[str, Any]) -> bool:
+    """True when ``held`` has exact str keys and exact str, int, float or bool values or tuples of them, all
+    kept exactly by JSON (``check_json`` takes them): what :class:`PlainAttributes` keeps track of."""
+    values = held.values()
+    kinds = set(map(type, values))
+    if not kinds <= _FLAT or not set(map(type, held)) <= _TEXT:
+        return False
+    items = list(chain.from_iterable(filter(_is_tuple, values))) if tuple in kinds else []
+    item_kinds = set(map(type, items))
+    return item_kinds <= _SCALARS and _json_keeps(held, kinds, items, item_kinds)
+
+
+def _json_copy(held: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat attributes as JSON values: a new dict, tuples as lists."""
+    return {k: list(v) if v.__class__ is tuple else v for k, v in held.items()}
 
 
 def _flat_json(raw: Any) -> dict[str, Any] | None:
@@ -102,7 +145,142 @@ def _flat_json(raw: Any) -> dict[str, Any] | None:
             return None
     except orjson.JSONEncodeError:  # a key that is no exact str, a 65-bit integer, a lone surrogate
         return None
-    return {k: list(v) if v.__class__ is tuple else v for k, v in plain.items()}
+    return _json_copy(plain)
+
+
+#: the SDK internals ``PlainAttributes`` builds on; a release without them keeps the SDK's own class
+_SDK_FITS = all(hasattr(BoundedAttributes, name) for name in ("_set_items", "_setitem_locked"))
+_INSTANCE_FIELDS = {"_dict", "_lock", "_immutable", "max_value_len", "maxlen"}
+
+
+class PlainAttributes(BoundedAttributes):
+    """A span's ``BoundedAttributes`` with a quicker bulk set for plain values; what it stores is the SDK's.
+
+    The SDK cleans each value with a recursive Python call (half the CPU of a span of 80 attributes);
+    a dict of exact text, numbers, bools and flat lists of them needs none of it, so such a set stores
+    the same values (lists become tuples) in the same order at C speed; anything else goes to the SDK.
+    While ``plain`` (what it holds passes :func:`_plain_json`), :meth:`json` needs no look at the values.
+    """
+
+    #: True while what it holds passes :func:`_plain_json`
+    plain: bool
+    #: keys that hold or held a tuple: while ``plain``, every key holding one is among them
+    sequences: set[str]
+
+    def __init__(
+        self,
+        maxlen: int | None = None,
+        attributes: Mapping[str, Any] | None = None,
+        immutable: bool = True,
+        max_value_len: int | None = None,
+    ) -> None:
+        self.plain, self.sequences = True, set()
+        super().__init__(maxlen, attributes, immutable, max_value_len)
+
+    @classmethod
+    def adopt(cls, attributes: Any) -> None:
+        """Make the SDK's ``attributes`` of a span just started one of these (the same object, its class swapped)."""
+        if (
+            attributes.__class__ is BoundedAttributes
+            and _SDK_FITS
+            and vars(attributes).keys() >= _INSTANCE_FIELDS
+        ):
+            held = attributes._dict
+            plain = _plain_json(held)
+            attributes.__class__ = cls
+            adopted = cast("PlainAttributes", attributes)
+            adopted.plain = plain
+            adopted.sequences = {k for k, v in held.items() if v.__class__ is tuple}
+
+    def json(self) -> dict[str, Any] | None:
+        """What it holds as JSON values (a new dict, tuples as lists) when ``plain``, else None."""
+        if not self.plain:
+            return None
+        out = dict(self._dict)
+        for key in self.sequences:
+            value = out.get(key)
+            if value.__class__ is tuple:
+                out[key] = list(value)
+        return out
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        if self.plain and not (value.__class__ in _SCALARS and _plain_json({key: value})):
+            self.plain = False
+
+    def _set_items(self, attributes: Mapping[str, Any]) -> None:
+        if (
+            attributes.__class__ is not dict
+            or self._immutable
+            or self.max_value_len is not None  # text may need cutting
+            or self.maxlen == 0
+        ):
+            self._sdk_set_items(attributes)
+            return
+        values = attributes.values()
+        kinds = set(map(type, values))
+        items: list[Any] = []
+        if list in kinds:
+            items.extend(chain.from_iterable(filter(_is_list, values)))
+        if tuple in kinds:
+            items.extend(chain.from_iterable(filter(_is_tuple, values)))
+        item_kinds = set(map(type, items))
+        if (
+            not kinds <= _GIVEN
+            or not item_kinds <= _SCALARS
+            or not set(map(type, attributes)) <= _TEXT
+            or "" in attributes
+        ):
+            self._sdk_set_items(attributes)
+            return
+        if self.plain and not _json_keeps(attributes, kinds, items, item_kinds):  # while the values are hot
+            self.plain = False
+        sequences = []
+        if list in kinds or tuple in kinds:
+            given, attributes = attributes, dict(attributes)
+            for key, value in given.items():
+                if value.__class__ is list:
+                    attributes[key] = tuple(value)
+                    sequences.append(key)
+                elif value.__class__ is tuple:
+                    sequences.append(key)
+        # as the SDK's: the oldest key goes first when full, a key set again moves to the end
+        with self._lock:
+            held = self._dict
+            if (self.maxlen is None or len(held) + len(attributes) <= self.maxlen) and held.keys().isdisjoint(
+                attributes
+            ):
+                held.update(attributes)
+            else:
+                for key, value in attributes.items():
+                    self._setitem_locked(key, value)
+            self.sequences.update(sequences)
+
+    def _sdk_set_items(self, attributes: Mapping[str, Any]) -> None:
+        self.plain = False
+        super()._set_items(attributes)
+
+
+_resource_checked: Any = None  # the last resource whose attributes passed _flat_json
+
+
+def _resource_json(resource: Any) -> dict[str, Any] | None:
+    """Resource attributes as :func:`_flat_json` gives them, checked once per resource: a provider has one, and
+    a resource never changes."""
+    global _resource_checked
+    if resource is _resource_checked:
+        return _json_copy(_plain(resource.attributes))
+    flat = _flat_json(resource.attributes)
+    if flat is not None:
+        _resource_checked = resource
+    return flat
+
+
+def _bare(span: ReadableSpan) -> bool:
+    """True when the span has no events and no links: the SDK's lists counted, not copied (``span.events``)."""
+    events = span._events if hasattr(span, "_events") else span.events
+    links = span._links if hasattr(span, "_links") else span.links
+    return not events and not links
 
 
 _set = object.__setattr__
@@ -149,7 +327,9 @@ def to_agl_span(span: ReadableSpan, ctx: RolloutContext) -> Span:
     sc_ctx = span.get_span_context()
     assert sc_ctx is not None
     raw = getattr(span, "_attributes", None)  # ReadableSpan.attributes wraps it in a mappingproxy
-    flat = _flat_json(span.attributes if raw is None else raw)
+    flat = raw.json() if raw.__class__ is PlainAttributes else None  # checked as they were set
+    if flat is None:
+        flat = _flat_json(span.attributes if raw is None else raw)
     attributes = _attrs(span.attributes) if flat is None else flat
     fast = flat is not None
     parsed = JSON_KEYS.intersection(attributes)
@@ -161,8 +341,8 @@ def to_agl_span(span: ReadableSpan, ctx: RolloutContext) -> Span:
         fast = fast and _fine({k: attributes[k] for k in (*parsed, *extra)}, MAX_JSON_DEPTH)
     if ctx.agent_name and sc.AGENT_NAME not in attributes:
         attributes[sc.AGENT_NAME] = ctx.agent_name
-    resource = _flat_json(span.resource.attributes)
-    fast = fast and resource is not None and not span.events and not span.links
+    resource = _resource_json(span.resource)
+    fast = fast and resource is not None and _bare(span)
     fast = fast and span.name.__class__ is str and "\x00" not in span.name
     code = _STATUS.get(span.status.status_code.value, StatusCode.UNSET)
     description = span.status.description
@@ -207,7 +387,8 @@ class RolloutSpanProcessor(SpanProcessor):
         agent = current_agent()
         if agent is not None:  # agl.agent_scope: spans started inside belong to that agent
             ids[sc.AGENT_NAME] = agent
-        span.set_attributes(ids)  # one call: each takes the span's lock and cleans its values
+        PlainAttributes.adopt(getattr(span, "_attributes", None))
+        span.set_attributes(ids)  # one call: each takes the span's lock
         with self._lock:
             self._open[span.get_span_context().span_id] = ctx
 

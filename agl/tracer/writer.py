@@ -234,7 +234,11 @@ class SpanWriter:
     async def put(self, items: Iterable[SpanSource], tally: SpanTally | None = None) -> None:
         """Queue spans, waiting for room while the queue is full (back-pressure instead of drops)."""
         for item in items:
-            await self._ensure().put(_Entry(item, tally))
+            queue, entry = self._ensure(), _Entry(item, tally)
+            if queue.full():
+                await queue.put(entry)
+            else:  # what put() does when there is room, without a coroutine per span
+                queue.put_nowait(entry)
             self._queued += 1
 
     async def flush(self) -> None:
