@@ -4,14 +4,13 @@ Builds a SQLite store of ``--rollouts`` finished rollouts (each: one gateway-sty
 token ids, one reward span; a few failed ones with an exception span) through the store API, serves
 the dashboard over it in process (ASGI, no sockets: the figure is the dashboard and the store, not the
 network), and reports the median and p90 of repeated calls per route after one first call (its time
-is reported apart as ``first_ms``). Repeating one search is answered from the index's kept answer;
-the ``varied`` rows change the query on every call (a new search text, a new group filter), so each
-call makes a full pass over the index.
+is reported apart as ``first_ms``). Searches, sorts and filters are answered by the store in SQL on
+every call; the ``varied`` rows change the query on every call (a new search text, a new group filter).
 
 Before that, two cold starts (a new store object and dashboard over the same file, as after a restart):
 ``cold first search`` is a search as the very first call (nothing read yet); ``cold page`` is the
-default page as the page opens, then the same page called back to back for ``--cold-s`` seconds while
-the index warms up in the background (median and p90 of those calls), then the first search.
+default page as the page opens, then the same page called back to back for ``--cold-s`` seconds
+(median and p90 of those calls), then the first search.
 
     python benchmarks/dashboard_api.py --rollouts 10000 --repeats 30 --json out.jsonl
 """
@@ -114,7 +113,7 @@ async def timed_get(client: httpx.AsyncClient, path: str) -> float:
 
 
 async def measure_cold(db: Path, cold_s: float) -> list[dict[str, Any]]:
-    """The cold first search, and the default page while the index warms up (see the module's doc).
+    """The cold first search, and the default page after opening (see the module's doc).
     The cold search also reports the process's CPU time for it (``cpu_ms``, all threads): on a loaded
     machine the wall time is mostly waiting for a core."""
     out = []
@@ -209,8 +208,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"/ui/api/rollouts?limit=50&cursor={page['next_cursor']}",
                 f"/ui/api/rollouts/{some['rollout_id']}",
                 "/ui/api/summary",
-                # search and other sorts look through every rollout: an index kept current from the
-                # store's recently updated rollouts (the first call builds it and reads every reward)
+                # search and other sorts look through every rollout (the store, in SQL)
                 "/ui/api/rollouts?limit=50&sort=reward",
                 "/ui/api/rollouts?limit=50&q=task%2012:",
                 f"/ui/api/groups/{some['group_id']}",

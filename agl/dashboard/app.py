@@ -13,11 +13,10 @@ import asyncio
 import contextlib
 import hmac
 import importlib
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import orjson
 from starlette.applications import Starlette
@@ -30,20 +29,8 @@ from agl import errors
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.dashboard import training, views
-from agl.dashboard.index import (
-    FINISHED,
-    INDEX_TTL_S,
-    MAX_SPANS,
-    SORTS,
-    Digests,
-    IndexRow,
-    RolloutIndex,
-    reward_facts,
-)
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
-from agl.store.base import LightningStore
-
-log = logging.getLogger(__name__)
+from agl.store.base import LightningStore, ListedRollout, RolloutSearch, RolloutSort
 
 STATIC = Path(__file__).parent / "static"
 PREFIX = "/ui"
@@ -51,8 +38,12 @@ PREFIX = "/ui"
 CURVE_ROLLOUTS = 5000
 #: how long one computation of the curves serves every poll (several tabs, the resources page)
 CURVES_TTL_S = 1.5
-#: stores up to this many rollouts have their index read when the page opens
-WARM_UP_TO = 50_000
+#: spans of one attempt shown on its page (the first ones by sequence id)
+MAX_SPANS = 10_000
+#: rollouts one search call of the groups view reads
+GROUP_READ = 10_000
+SORTS = frozenset(get_args(RolloutSort))
+FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
 Handler = Callable[[Request], Awaitable[Any]]
 
 
@@ -105,7 +96,7 @@ def _offset(raw: str | None) -> int:
     """A search page's cursor: ``@<offset>`` into the sorted matches."""
     if not raw:
         return 0
-    if not raw.startswith("@") or not raw[1:].isdigit():
+    if not (raw.startswith("@") and raw[1:].isascii() and raw[1:].isdigit() and len(raw) <= 13):
         raise BadRequest("cursor", f"a search cursor looks like '@50', got {raw!r}")
     return int(raw[1:])
 
@@ -133,6 +124,10 @@ def _previous(versions: list[ResourcesVersion]) -> dict[str, str]:
     return {b.resources_id: a.resources_id for a, b in zip(ordered, ordered[1:], strict=False)}
 
 
+def _view(x: ListedRollout) -> dict[str, Any]:
+    return views.rollout_view(x.rollout, *((x.digest.reward, x.digest.agent) if x.digest else (None, None)))
+
+
 def create_dashboard(
     store: LightningStore, *, token: str | None = None, metrics_dir: str | Path | None = None
 ) -> Starlette:
@@ -142,7 +137,6 @@ def create_dashboard(
     """
     expected = f"Bearer {token}".encode() if token else None
     metrics_path = Path(metrics_dir) if metrics_dir is not None else None
-    digests = Digests(store)
 
     def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -178,21 +172,11 @@ def create_dashboard(
             "metrics": metrics_path is not None,
         }
 
-    rollout_index = RolloutIndex(store, digests)
-
-    warming: list[asyncio.Task[None]] = []
-
-    async def warm() -> None:
-        """Read the index (every rollout and reward) once, in the background, on a store of up to
-        ``WARM_UP_TO`` rollouts, so the page's first sort, filter or search does not wait for it (with
-        the texts to search: the store's digests, one small row per rollout). It reads in small chunks
-        and yields between them, so the page's own calls are served meanwhile."""
-        try:
-            stats = await store.statistics()
-            if sum(stats.rollouts_by_status.values()) <= WARM_UP_TO:
-                await rollout_index.rows()
-        except Exception:  # the store went away, say: the first sort reads again and reports it
-            log.debug("the dashboard's warm-up stopped", exc_info=True)
+    async def facts(rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
+        """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
+        page = await store.query_digests(rollout_ids=[r.rollout_id for r in rollouts])
+        found = {d.rollout_id: d for d in page.items}
+        return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
 
     async def rollouts(request: Request) -> dict[str, Any]:
         limit = _int(request, "limit", 50, 1, 1000)
@@ -220,67 +204,32 @@ def create_dashboard(
                 limit=limit,
                 cursor=q.get("cursor") or None,
             )
-            known = await digests.facts(page.items)
-            if not warming:
-                warming.append(asyncio.create_task(warm()))
+            known = await facts(page.items)
             return {
                 "items": [views.rollout_view(r, w, a) for r, (w, a) in zip(page.items, known, strict=True)],
                 "next_cursor": page.next_cursor,
             }
         offset = _offset(q.get("cursor"))
-        key = (
-            statuses and tuple(statuses),
-            mode,
-            group,
-            resources_id,
-            agent,
-            error,
-            text.lower(),
-            sort,
-            order,
+        found = await store.search_rollouts(
+            RolloutSearch(
+                text=text or None,
+                status=statuses,
+                mode=mode,
+                group_id=group,
+                resources_id=resources_id,
+                agent=agent,
+                error_type=error,
+                sort=sort,  # type: ignore[arg-type]  # one of SORTS, checked above
+                descending=order == "desc",
+                limit=limit,
+                offset=offset,
+            )
         )
-        found = await matching(key)
-        chosen = found[offset : offset + limit]
         return {
-            "items": [x.view() for x in chosen],
-            "next_cursor": f"@{offset + limit}" if offset + limit < len(found) else None,
-            "total": len(found),
+            "items": [_view(x) for x in found.items],
+            "next_cursor": f"@{offset + limit}" if offset + limit < found.total else None,
+            "total": found.total,
         }
-
-    answers: dict[
-        tuple[Any, ...], tuple[int, float, list[IndexRow]]
-    ] = {}  # query -> (index version, when, rows)
-
-    async def matching(key: tuple[Any, ...]) -> list[IndexRow]:
-        """The rows a search matches, in order; the answer serves the query's next pages and polls until
-        the index changes (or, while some rollout runs and its text may change, for ``INDEX_TTL_S``)."""
-        statuses, mode, group, resources_id, agent, error, needle, sort, order = key
-        found = await rollout_index.ordered(sort, order == "desc")  # presorted: filtering keeps the order
-        known = answers.get(key)
-        if (
-            known is not None
-            and known[0] == rollout_index.version
-            and (not rollout_index.running or time.monotonic() - known[1] <= INDEX_TTL_S)
-        ):
-            return known[2]
-        version = rollout_index.version
-        wanted = {s.value for s in statuses} if statuses else None
-        if wanted is not None or mode or group or resources_id or agent:
-            found = [
-                x
-                for x in found
-                if (wanted is None or x.status in wanted)
-                and (mode is None or x.mode == mode)
-                and (group is None or x.group_id == group)
-                and (resources_id is None or x.resources_id == resources_id)
-                and (agent is None or x.agent == agent)
-            ]
-        if error or needle:
-            found = [x for x in found if (error is None or x.error == error) and needle in x.said]
-        if len(answers) >= 32:
-            answers.pop(next(iter(answers)))
-        answers[key] = (version, time.monotonic(), found)
-        return found
 
     async def rollout(request: Request) -> dict[str, Any]:
         rollout_id = request.path_params["rollout_id"]
@@ -295,7 +244,7 @@ def create_dashboard(
             page = await store.query_spans(rollout_id=rollout_id, attempt_id=attempt_id, limit=MAX_SPANS)
             spans, more = page.items, page.next_cursor
         view = views.rollout_view(
-            found, final_reward(spans), reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
+            found, final_reward(spans), views.reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
         )
         version = None
         if found.resources_id:
@@ -370,15 +319,21 @@ def create_dashboard(
                 raise BadRequest("step", f"step must be an integer, got {step!r}") from None
         else:
             wanted_step = None
-        rows = [
-            x
-            for x in await rollout_index.rows()
-            if x.rollout.group_id
-            and (wanted_step is None or x.rollout.metadata.get("step") == wanted_step)
-            and (resources_id is None or x.rollout.resources_id == resources_id)
-        ]
-        found = [x.rollout for x in rows]
-        rewards = {x.rollout.rollout_id: x.reward for x in rows}
+        rows: list[ListedRollout] = []
+        while True:  # newest first
+            page = await store.search_rollouts(
+                RolloutSearch(
+                    metadata=None if wanted_step is None else {"step": wanted_step},
+                    resources_id=resources_id,
+                    limit=GROUP_READ,
+                    offset=len(rows),
+                )
+            )
+            rows += page.items
+            if not page.items or len(rows) >= page.total:
+                break
+        found = [x.rollout for x in rows if x.rollout.group_id]
+        rewards = {x.rollout.rollout_id: x.digest.reward if x.digest else None for x in rows}
         by_group: dict[str, list[Rollout]] = {}
         for r in reversed(found):  # oldest first
             by_group.setdefault(r.group_id or "", []).append(r)
@@ -478,7 +433,7 @@ def create_dashboard(
             if (cursor := page.next_cursor) is None:
                 break
         found = found[:CURVE_ROLLOUTS][::-1]
-        rewards = [reward for reward, _ in await digests.facts(found)]
+        rewards = [reward for reward, _ in await facts(found)]
         points: list[dict[str, Any]] = [
             {
                 "rollout_id": r.rollout_id,

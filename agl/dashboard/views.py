@@ -15,7 +15,9 @@ from typing import Any
 import orjson
 
 from agl import semconv as sc
+from agl.adapter.rewards import final_reward
 from agl.schemas import LLMCall, ModelWeights, PromptTemplate, ResourcesVersion, Rollout, Span
+from agl.store.base import duration_s
 
 #: attributes too bulky to ship to a browser; the view keeps their length instead
 _BULKY = (
@@ -261,11 +263,12 @@ def rollout_view(rollout: Rollout, reward: float | None, agent: str | None = Non
     return view
 
 
-def duration_s(rollout: Rollout) -> float | None:
-    """Seconds from the first start to the end, or None while the rollout has not ended."""
-    if rollout.ended_at is None:
-        return None
-    return rollout.ended_at - (rollout.started_at or rollout.created_at)
+def reward_facts(reward_spans: list[Span]) -> tuple[float | None, str | None]:
+    """(final reward, agent name) of an attempt's reward spans, as its digest has them."""
+    agent = next(
+        (str(s.attributes[sc.AGENT_NAME]) for s in reward_spans if sc.AGENT_NAME in s.attributes), None
+    )
+    return final_reward(reward_spans), agent
 
 
 def model_version(version: ResourcesVersion) -> str | None:

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from agl.errors import NotFoundError
 from agl.schemas import (
     Attempt,
@@ -29,13 +31,18 @@ from agl.store.base import (
     AttemptDigest,
     DigestState,
     Kind,
+    ListedRollout,
     Page,
+    RolloutMatches,
+    RolloutSearch,
     StoreStatistics,
     check_limit,
     decode_cursor,
+    duration_s,
     encode_cursor,
     merge_digest,
     resolve_digest,
+    search_text,
     span_digest,
 )
 
@@ -48,6 +55,9 @@ class Dialect:
     param: str  # the driver's positional placeholder
     types: dict[str, str]  # logical column type -> SQL type
     greatest: str  # the two-argument maximum function
+    contains: str  # "{0} holds the substring {1}"
+    lower: str  # the lower-case function for any letter, not only ASCII ones
+    metadata_is: str  # "the rollout's metadata key {p} holds the JSON value {p}"
     claim_suffix: str = ""  # appended to the queue-head SELECT of a claim
     begin_write: str = "BEGIN"
     retryable: frozenset[str] = frozenset()  # SQLSTATEs retried inside the call's savepoint
@@ -67,6 +77,9 @@ SQLITE = Dialect(
         "real": "REAL",
     },
     greatest="MAX",
+    contains="instr({0}, {1}) > 0",
+    lower="agl_lower",  # Python's, registered on each connection: SQLite's own knows only ASCII
+    metadata_is="json_extract(r.data, '$.metadata.' || json_quote({p})) = json_extract({p}, '$')",
     begin_write="BEGIN IMMEDIATE",
 )
 # ids sort with COLLATE "C" so pages come out in the same order as Python's (and SQLite's) string order
@@ -81,6 +94,9 @@ POSTGRES = Dialect(
         "real": "DOUBLE PRECISION",
     },
     greatest="GREATEST",
+    contains="strpos({0}, {1}) > 0",
+    lower="lower",
+    metadata_is="(r.data::jsonb -> 'metadata' -> {p}) = {p}::jsonb",
     claim_suffix=" FOR UPDATE SKIP LOCKED",
     retryable=frozenset({"40001", "40P01"}),  # serialization failure, deadlock detected
 )
@@ -97,6 +113,11 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
         ("queue_pos", "int", ""),
         ("next_seq", "int", "NOT NULL DEFAULT 1"),
         ("data", "text", "NOT NULL"),
+        # what search filters and sorts on: the latest attempt (its digest), and copies out of ``data``
+        ("attempt_id", "id", ""),
+        ("resources_id", "text", ""),
+        ("duration", "real", ""),
+        ("search_text", "text", ""),  # ``search_text()``: id and input, lower-cased
     ],
     "attempts": [
         ("pos", "serial", ""),
@@ -159,12 +180,22 @@ INDEXES = [
     "spans_order ON spans(rollout_id, sequence_id, span_id)",
     "digests_stamp ON digests(stamp)",
 ]
-#: ``digests``: the last digest stamp handed out (0: digests never written, see ``backfill_digests``)
+#: ``digests``: the last digest stamp handed out (0: digests never written, see ``upgrade_tables``)
 COUNTERS = ("queue", "resources", "spans", "span_bytes", "digests")
 _DIGEST_COLUMNS = [c for c, _, _ in COLUMNS["digests"]]
 _LATEST = (
     "(SELECT a.attempt_id FROM attempts a WHERE a.rollout_id={t}.rollout_id ORDER BY a.pos DESC LIMIT 1)"
 )
+_WITH_DIGEST = " LEFT JOIN digests d ON d.rollout_id=r.rollout_id AND d.attempt_id=r.attempt_id"
+# opens "the latest attempt's digest matches ...": for the reply text, one pass over the digests is
+# twice as fast as a join of every rollout when few match, and as fast when all do
+_DIGEST_IN = "(r.rollout_id, r.attempt_id) IN (SELECT d.rollout_id, d.attempt_id FROM digests d WHERE "
+#: a digest row's reply, as ``digest_values`` resolves it
+_REPLY = (
+    "CASE WHEN d.tr_seq IS NOT NULL AND (d.gw_seq IS NULL OR (d.tr_seq > d.gw_seq"
+    " AND (d.tr_id IS NULL OR d.gw_id IS NULL OR d.tr_id <> d.gw_id))) THEN d.tr_text ELSE d.gw_text END"
+)
+_SORT_VALUES = {"created": "r.pos", "reward": "COALESCE(d.rw_value, d.rl_value)", "duration": "r.duration"}
 
 
 def _digest_upsert(p: str) -> str:
@@ -216,9 +247,25 @@ def write_digests(conn: Any, d: Dialect, states: dict[tuple[str, str], DigestSta
     conn.cursor().executemany(_digest_upsert(d.param), rows)
 
 
-def backfill_digests(conn: Any, d: Dialect) -> None:
-    """Digests of the spans a store holds from before it kept digests (written once: the counter is
-    0 only until digests are first written). Call inside the transaction that created the tables."""
+def upgrade_tables(conn: Any, d: Dialect) -> None:
+    """Bring a store from an older agl up to date; call inside the transaction that created the tables.
+    Adds the columns it lacks (the rollouts' search columns filled from their JSON) and writes the
+    digests of the spans it holds (once: the counter is 0 only until digests are first written)."""
+    added = set()
+    for table, columns in COLUMNS.items():
+        have = {c[0] for c in conn.execute(f"SELECT * FROM {table} LIMIT 0").description}
+        for column, kind, extra in columns:
+            if column not in have:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {d.types[kind]} {extra}")
+                added.add(column)
+    if "search_text" in added:
+        found = [Rollout.model_validate_json(data) for (data,) in conn.execute("SELECT data FROM rollouts")]
+        p = d.param
+        conn.cursor().executemany(
+            f"UPDATE rollouts SET resources_id={p}, duration={p}, search_text={p} WHERE rollout_id={p}",
+            [(r.resources_id, duration_s(r), search_text(r), r.rollout_id) for r in found],
+        )
+        conn.execute(f"UPDATE rollouts SET attempt_id={_LATEST.format(t='rollouts')}")
     if conn.execute("SELECT value FROM counters WHERE name='digests'").fetchone()[0]:
         return
     states: dict[tuple[str, str], DigestState] = {}
@@ -292,8 +339,8 @@ class SqlTables(Tables):
     def insert_rollout(self, rollout: Rollout) -> None:
         p = self.p
         self.conn.execute(
-            "INSERT INTO rollouts (rollout_id, status, mode, group_id, updated_at, queue_pos, data) "
-            f"VALUES ({p},{p},{p},{p},{p},{p},{p})",
+            "INSERT INTO rollouts (rollout_id, status, mode, group_id, updated_at, queue_pos, data, "
+            f"resources_id, duration, search_text) VALUES ({p},{p},{p},{p},{p},{p},{p},{p},{p},{p})",
             (
                 rollout.rollout_id,
                 rollout.status.value,
@@ -302,6 +349,9 @@ class SqlTables(Tables):
                 rollout.updated_at,
                 self._counter("queue") if rollout.status.is_queued else None,
                 rollout.model_dump_json(),
+                rollout.resources_id,
+                duration_s(rollout),
+                search_text(rollout),
             ),
         )
 
@@ -314,8 +364,15 @@ class SqlTables(Tables):
         elif not rollout.status.is_queued:
             queue = ", queue_pos=NULL"
         self.conn.execute(
-            f"UPDATE rollouts SET status={p}, updated_at={p}, data={p}{queue} WHERE rollout_id={p}",
-            (rollout.status.value, rollout.updated_at, rollout.model_dump_json(), *args, rollout.rollout_id),
+            f"UPDATE rollouts SET status={p}, updated_at={p}, duration={p}, data={p}{queue} WHERE rollout_id={p}",
+            (
+                rollout.status.value,
+                rollout.updated_at,
+                duration_s(rollout),
+                rollout.model_dump_json(),
+                *args,
+                rollout.rollout_id,
+            ),
         )
 
     def queue_head(self) -> Rollout | None:
@@ -343,6 +400,10 @@ class SqlTables(Tables):
                 int(not attempt.status.is_terminal),
                 attempt.model_dump_json(),
             ),
+        )
+        self.conn.execute(
+            f"UPDATE rollouts SET attempt_id={p} WHERE rollout_id={p}",
+            (attempt.attempt_id, attempt.rollout_id),
         )
 
     def save_attempt(self, attempt: Attempt) -> None:
@@ -460,6 +521,62 @@ class SqlTables(Tables):
         items = [_digest_of(r) for r in rows[:limit]]
         return Page(items=items, next_cursor=str(items[-1].stamp) if len(rows) > limit else None)
 
+    def search(self, q: RolloutSearch) -> RolloutMatches:
+        """The matching rollouts' positions in order (joined with the latest attempts' digests only for a
+        filter or sort on them), then the page's rollouts and digests by position."""
+        p, d = self.p, self.d
+        where: list[str] = []
+        args: list[Any] = []
+        if q.status is not None:
+            where.append(f"r.status IN ({','.join([p] * len(q.status))})" if q.status else "1=0")
+            args += [s.value for s in q.status]
+        for column, value in (
+            ("r.mode", q.mode),
+            ("r.group_id", q.group_id),
+            ("r.resources_id", q.resources_id),
+            ("d.ag_name", q.agent),
+            ("d.err_type", q.error_type),
+        ):
+            if value is not None:
+                where.append(f"{column}={p}")
+                args.append(value)
+        for key, wanted in (q.metadata or {}).items():
+            where.append(d.metadata_is.format(p=p))
+            args += [key, orjson.dumps(wanted).decode()]
+        if q.text:
+            needle = q.text.lower()
+            lower = "lower" if needle.isascii() else d.lower
+            reply = d.contains.format(f"{lower}({_REPLY})", p)
+            where.append(f"({d.contains.format('r.search_text', p)} OR {_DIGEST_IN}{reply}))")
+            args += [needle, needle]
+        join = q.sort == "reward" or q.agent is not None or q.error_type is not None
+        sql = f"SELECT r.pos, COUNT(*) OVER () FROM rollouts r{_WITH_DIGEST if join else ''}"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        order = f"{_SORT_VALUES[q.sort]} {'DESC' if q.descending else 'ASC'} NULLS LAST, r.pos DESC"
+        rows = self.conn.execute(
+            f"{sql} ORDER BY {order} LIMIT {p} OFFSET {p}", (*args, q.limit, q.offset)
+        ).fetchall()
+        if not rows:
+            total = self._one(f"SELECT COUNT(*) FROM ({sql}) c", *args)[0] if q.offset else 0
+            return RolloutMatches(items=[], total=total)
+        columns = ", ".join(f"d.{c}" for c in _DIGEST_COLUMNS)
+        found = {
+            row[0]: row[1:]
+            for row in self.conn.execute(
+                f"SELECT r.pos, r.data, {columns} FROM rollouts r{_WITH_DIGEST} WHERE r.pos IN ({','.join([p] * len(rows))})",
+                [row[0] for row in rows],
+            )
+        }
+        items = [
+            ListedRollout(
+                rollout=Rollout.model_validate_json(found[pos][0]),
+                digest=None if found[pos][1] is None else _digest_of(found[pos][1:]),
+            )
+            for pos, _ in rows
+        ]
+        return RolloutMatches(items=items, total=rows[0][1])
+
     def next_sequence_id(self, rollout_id: str) -> int:
         row = self._one(
             f"UPDATE rollouts SET next_seq=next_seq+1 WHERE rollout_id={self.p} RETURNING next_seq",
@@ -568,8 +685,6 @@ class SqlLightningStore(TableStore):
 
         return await self._tx(op, write=False)
 
-    keeps_digests = True
-
     async def query_digests(
         self,
         *,
@@ -591,6 +706,13 @@ class SqlLightningStore(TableStore):
             return Page(
                 items=items[:limit], next_cursor=str(items[limit - 1].stamp) if len(items) > limit else None
             )
+
+        return await self._tx(op, write=False)
+
+    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
+        def op(t: Tables, _: list[str]) -> RolloutMatches:
+            assert isinstance(t, SqlTables)
+            return t.search(query)
 
         return await self._tx(op, write=False)
 

@@ -105,6 +105,12 @@ class StoredSpan(WireModel):
         return cls(attempt_id=span.attempt_id, span_id=span.span_id, sequence_id=span.sequence_id or 0)
 
 
+class DigestQuery(WireModel):
+    rollout_ids: list[str] | None = None
+    after: int = Field(0, ge=0)
+    limit: int = Field(10_000, ge=1, le=10_000)
+
+
 class SpanQuery(WireModel):
     rollout_id: str | None = None
     attempt_id: str | None = None

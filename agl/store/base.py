@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from agl import semconv as sc
 from agl.errors import StoreError
@@ -31,6 +31,7 @@ from agl.schemas import (
     RolloutCreate,
     RolloutStatus,
     Span,
+    WireModel,
     Worker,
     WorkerStatus,
     now_s,
@@ -186,8 +187,13 @@ def merge_digest(state: DigestState, sequence_id: int, slots: Mapping[str, tuple
 
 
 def resolve_digest(rollout_id: str, attempt_id: str, stamp: int, state: DigestState) -> AttemptDigest:
-    """The digest a state stands for. A tracer's record of the gateway's last response is that
-    response (the gateway's record wins, as in ``agl.adapter.llm_calls``)."""
+    """The digest a state stands for."""
+    return AttemptDigest(rollout_id=rollout_id, attempt_id=attempt_id, stamp=stamp, **digest_values(state))
+
+
+def digest_values(state: DigestState) -> dict[str, Any]:
+    """A digest state's reply, error type, reward and agent. A tracer's record of the gateway's last
+    response is that response (the gateway's record wins, as in ``agl.adapter.llm_calls``)."""
     gw, tr = state.get("gw"), state.get("tr")
     reply = None
     if tr is not None and (gw is None or (tr[0] > gw[0] and not (tr[1] and tr[1] == gw[1]))):
@@ -195,27 +201,72 @@ def resolve_digest(rollout_id: str, attempt_id: str, stamp: int, state: DigestSt
     elif gw is not None:
         reply = gw[2]
     reward = state.get("rw") or state.get("rl")
-    return AttemptDigest(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        reply=reply,
-        error_type=state["err"][1] if "err" in state else None,
-        reward=reward[1] if reward else None,
-        agent=state["ag"][1] if "ag" in state else None,
-        stamp=stamp,
-    )
+    return {
+        "reply": reply,
+        "error_type": state["err"][1] if "err" in state else None,
+        "reward": reward[1] if reward else None,
+        "agent": state["ag"][1] if "ag" in state else None,
+    }
 
 
-def digests_of(spans: Iterable[Span]) -> list[AttemptDigest]:
-    """The digest of each attempt among ``spans`` (the slow path: from the spans themselves)."""
-    states: dict[tuple[str, str], DigestState] = {}
-    for span in spans:
-        slots = span_digest(span.name, span.attributes)
-        if slots:
-            merge_digest(
-                states.setdefault((span.rollout_id, span.attempt_id), {}), span.sequence_id or 0, slots
-            )
-    return [resolve_digest(rid, aid, 0, state) for (rid, aid), state in states.items()]
+RolloutSort = Literal["created", "reward", "duration"]
+
+
+class RolloutSearch(WireModel):
+    """What :meth:`LightningStore.search_rollouts` looks for: every given filter must hold.
+
+    ``text`` is a case-insensitive substring of the rollout id, its input (a string as itself, anything
+    else as compact JSON) or its latest attempt's last reply; ``agent``, ``error_type`` and the reward
+    sort read that attempt's digest; ``metadata`` keys must equal the given values. Sorts put rollouts
+    without a value (no reward, not ended) last; ties go newest first.
+    """
+
+    text: str | None = None
+    status: list[RolloutStatus] | None = None
+    mode: str | None = None
+    group_id: str | None = None
+    resources_id: str | None = None
+    agent: str | None = None
+    error_type: str | None = None
+    metadata: dict[str, str | int | float] | None = None
+    sort: RolloutSort = "created"
+    descending: bool = True
+    limit: int = Field(50, ge=1, le=10_000)
+    offset: int = Field(0, ge=0, le=10**15)
+
+    @field_validator("metadata")
+    @classmethod
+    def _plain_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value and any('"' in key for key in value):
+            raise ValueError("metadata keys to filter on cannot hold a double quote")  # SQLite's JSON paths
+        return value
+
+
+class ListedRollout(BaseModel):
+    """A rollout and the digest of its latest attempt (None: nothing recorded yet)."""
+
+    rollout: Rollout
+    digest: AttemptDigest | None = None
+
+
+class RolloutMatches(BaseModel):
+    """One page of a search, and how many rollouts match in all."""
+
+    items: list[ListedRollout]
+    total: int
+
+
+def search_text(rollout: Rollout) -> str:
+    """What ``text`` is looked for in besides the reply, lower-cased: the rollout id and its input."""
+    given = rollout.input if isinstance(rollout.input, str) else orjson.dumps(rollout.input).decode()
+    return f"{rollout.rollout_id}\n{given}".lower()
+
+
+def duration_s(rollout: Rollout) -> float | None:
+    """Seconds from the first start to the end, or None while the rollout has not ended."""
+    if rollout.ended_at is None:
+        return None
+    return rollout.ended_at - (rollout.started_at or rollout.created_at)
 
 
 class CompletionWaiters:
@@ -365,9 +416,7 @@ class LightningStore(ABC):
     ) -> Page[Span]:
         """Spans ordered by (rollout, sequence_id); ``attempt_id="latest"`` picks each rollout's last attempt."""
 
-    #: whether :meth:`query_digests` reads digests the store keeps (stamped, so ``after`` works)
-    keeps_digests: bool = False
-
+    @abstractmethod
     async def query_digests(
         self,
         *,
@@ -377,34 +426,11 @@ class LightningStore(ABC):
     ) -> Page[AttemptDigest]:
         """Digests of each rollout's latest attempt (none for one without model calls, exceptions or
         rewards), by increasing ``stamp``, only those stamped after ``after``; ``next_cursor`` is the
-        last stamp (pass it as ``after``) when more remain.
+        last stamp (pass it as ``after``) when more remain."""
 
-        This default reads the spans (every latest-attempt span for more than 64 rollouts), so it
-        needs ``rollout_ids`` and ignores ``after``; stores with ``keeps_digests`` answer from a table.
-        """
-        if rollout_ids is None:
-            raise StoreError(f"{type(self).__name__} keeps no digests: pass rollout_ids")
-        check_limit(limit)
-        wanted = set(rollout_ids)
-        spans: list[Span] = []
-        if len(wanted) > 64:  # one scan of every latest attempt beats hundreds of small queries
-            cursor = None
-            while True:
-                page = await self.query_spans(attempt_id="latest", limit=10_000, cursor=cursor)
-                spans += [s for s in page.items if s.rollout_id in wanted]
-                if (cursor := page.next_cursor) is None:
-                    break
-        else:
-            gate = asyncio.Semaphore(16)
-
-            async def read(rollout_id: str) -> list[Span]:
-                async with gate:
-                    page = await self.query_spans(rollout_id=rollout_id, attempt_id="latest", limit=10_000)
-                return page.items
-
-            for found in await asyncio.gather(*(read(r) for r in wanted)):
-                spans += found
-        return Page(items=digests_of(spans)[:limit])
+    @abstractmethod
+    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
+        """Rollouts matching ``query`` (text, filters, digest facts), sorted and paged by the store."""
 
     # ----- resources ------------------------------------------------------------------------
     @abstractmethod

@@ -44,7 +44,15 @@ from agl.schemas import (
 )
 from agl.store import _logic
 from agl.store._wire import API_PREFIX, MAX_WAIT_S, StoredSpan
-from agl.store.base import LightningStore, Page, RolloutOrder, StoreStatistics
+from agl.store.base import (
+    AttemptDigest,
+    LightningStore,
+    Page,
+    RolloutMatches,
+    RolloutOrder,
+    RolloutSearch,
+    StoreStatistics,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -255,6 +263,9 @@ class LightningStoreClient(LightningStore):
         }
         return await self._post("/rollouts/query", body, _ROLLOUT_PAGE)
 
+    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
+        return await self._post("/rollouts/search", query, _MATCHES)
+
     async def wait_for_rollouts(
         self, rollout_ids: Sequence[str], timeout_s: float | None = None
     ) -> list[Rollout]:
@@ -351,6 +362,20 @@ class LightningStoreClient(LightningStore):
         }
         return await self._post("/spans/query", body, _SPAN_PAGE)
 
+    async def query_digests(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 10_000,
+    ) -> Page[AttemptDigest]:
+        body = {
+            "rollout_ids": None if rollout_ids is None else list(rollout_ids),
+            "after": after,
+            "limit": limit,
+        }
+        return await self._post("/digests/query", body, _DIGEST_PAGE)
+
     # ----- resources ------------------------------------------------------------------------
     async def add_resources(
         self,
@@ -443,5 +468,7 @@ _WORKER = TypeAdapter(Worker)
 _ROLLOUT_PAGE = TypeAdapter(Page[Rollout])
 _ATTEMPT_PAGE = TypeAdapter(Page[Attempt])
 _SPAN_PAGE = TypeAdapter(Page[Span])
+_DIGEST_PAGE = TypeAdapter(Page[AttemptDigest])
+_MATCHES = TypeAdapter(RolloutMatches)
 _RESOURCES_PAGE = TypeAdapter(Page[ResourcesVersion])
 _WORKER_PAGE = TypeAdapter(Page[Worker])

@@ -29,14 +29,20 @@ from agl.store.base import (
     DigestState,
     InvalidCursorError,
     Kind,
+    ListedRollout,
     Page,
+    RolloutMatches,
+    RolloutSearch,
     StoreStatistics,
     T,
     check_limit,
     decode_cursor,
+    digest_values,
+    duration_s,
     encode_cursor,
     merge_digest,
     resolve_digest,
+    search_text,
     span_digest,
 )
 
@@ -68,6 +74,9 @@ def _paginate(
     return Page(items=page, next_cursor=next_cursor)
 
 
+_ABSENT = object()  # a metadata key a rollout does not have
+
+
 def _freeze(value: Any) -> Any:
     """JSON arrays back into the tuples the sort keys are made of."""
     return tuple(_freeze(v) for v in value) if isinstance(value, (list, tuple)) else value
@@ -79,6 +88,7 @@ class MemoryTables(Tables):
     def __init__(self) -> None:
         self.order = itertools.count()
         self.rollouts: dict[str, Rollout] = {}
+        self.search_texts: dict[str, str] = {}  # what search looks through besides the reply
         self.rollout_pos: dict[str, int] = {}
         self.queue: deque[str] = deque()  # may hold ids no longer queued (cancelled); skipped when claimed
         self.attempts: dict[str, Attempt] = {}
@@ -103,6 +113,7 @@ class MemoryTables(Tables):
     def insert_rollout(self, rollout: Rollout) -> None:
         self.rollout_pos[rollout.rollout_id] = next(self.order)
         self.next_seq[rollout.rollout_id] = 1
+        self.search_texts[rollout.rollout_id] = search_text(rollout)
         self.save_rollout(rollout, enqueue=rollout.status.is_queued)
 
     def save_rollout(self, rollout: Rollout, *, enqueue: bool = False) -> None:
@@ -184,6 +195,53 @@ class MemoryTables(Tables):
                 out.append(resolve_digest(rid, attempts[-1], found[0], found[1]))
         return sorted(out, key=lambda d: d.stamp)
 
+    def search(self, q: RolloutSearch) -> RolloutMatches:
+        """One pass over every rollout (oldest first) for those matching ``q``, then sorted and cut; a
+        digest is resolved only where a filter, the sort or the text needs it."""
+        needle = q.text.lower() if q.text else None
+        equal = [(k, v) for k, v in (("mode", q.mode), ("group_id", q.group_id)) if v is not None]
+        if q.resources_id is not None:
+            equal.append(("resources_id", q.resources_id))
+        equal_facts = [(k, v) for k, v in (("agent", q.agent), ("error_type", q.error_type)) if v is not None]
+        found: list[tuple[int, Any, Rollout, tuple[str, str] | None]] = []
+        for pos, (rid, rollout) in enumerate(self.rollouts.items()):
+            if (
+                (q.status is not None and rollout.status not in q.status)
+                or (equal and any(getattr(rollout, k) != v for k, v in equal))
+                or (q.metadata and any(rollout.metadata.get(k, _ABSENT) != v for k, v in q.metadata.items()))
+            ):
+                continue
+            attempts = self.rollout_attempts.get(rid)
+            key = (rid, attempts[-1]) if attempts else None
+            kept = self.digests.get(key) if key else None
+            unmatched = needle is not None and needle not in self.search_texts[rid]
+            facts = (
+                digest_values(kept[1]) if kept and (equal_facts or unmatched or q.sort == "reward") else {}
+            )
+            if (equal_facts and any(facts.get(k) != v for k, v in equal_facts)) or (
+                unmatched and needle not in (facts.get("reply") or "").lower()
+            ):
+                continue
+            value = (
+                pos
+                if q.sort == "created"
+                else facts.get("reward")
+                if q.sort == "reward"
+                else duration_s(rollout)
+            )
+            found.append((pos, value, rollout, key if kept else None))
+        found.reverse()  # newest first, and a stable sort keeps ties so
+        known = sorted((x for x in found if x[1] is not None), key=lambda x: x[1], reverse=q.descending)
+        ordered = known + [x for x in found if x[1] is None]
+        items = []
+        for _, _, rollout, key in ordered[q.offset : q.offset + q.limit]:
+            digest = None
+            if key is not None:
+                stamp, state = self.digests[key]
+                digest = resolve_digest(*key, stamp, state)
+            items.append(ListedRollout(rollout=rollout.model_copy(), digest=digest))
+        return RolloutMatches(items=items, total=len(ordered))
+
     def next_sequence_id(self, rollout_id: str) -> int:
         seq = self.next_seq[rollout_id]
         self.next_seq[rollout_id] = seq + 1
@@ -252,8 +310,6 @@ class InMemoryLightningStore(TableStore):
             rollouts = [TableStore._rollout(self._t, i) for i in rollout_ids]
             return [r for r in rollouts if r.status.is_terminal]
 
-    keeps_digests = True
-
     async def query_digests(
         self,
         *,
@@ -268,6 +324,10 @@ class InMemoryLightningStore(TableStore):
             )
         more = len(items) > limit
         return Page(items=items[:limit], next_cursor=str(items[limit - 1].stamp) if more else None)
+
+    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
+        with self._lock:
+            return self._t.search(query)
 
     async def statistics(self) -> StoreStatistics:
         with self._lock:

@@ -18,7 +18,7 @@ import orjson
 
 from agl.errors import missing_extra
 from agl.schemas import now_s
-from agl.store._sql import POSTGRES, SqlLightningStore, backfill_digests, ddl
+from agl.store._sql import POSTGRES, SqlLightningStore, ddl, upgrade_tables
 from agl.store.base import Clock
 
 
@@ -59,7 +59,7 @@ class PostgresLightningStore(SqlLightningStore):
             conn.execute(f'SET search_path TO "{schema}"')
             for statement in ddl(POSTGRES):
                 conn.execute(statement)
-            backfill_digests(conn, POSTGRES)  # a schema from before digests were kept: once
+            upgrade_tables(conn, POSTGRES)  # a schema from an older agl: the columns it lacks, filled once
         conn.execute(f'SET search_path TO "{schema}"')
         self._channel = f"agl_finished_{schema}"[:63]  # PostgreSQL's identifier limit
         self._open(conn, f"agl-postgres-{schema}", before_commit=self._announce)

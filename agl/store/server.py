@@ -37,7 +37,7 @@ from agl.store import _wire as w
 from agl.store._hot_routes import HotRoute, HotRoutes
 from agl.store._http_errors import agl_error, error_body, validation_error
 from agl.store._metrics import CONTENT_TYPE, UNMATCHED, StoreMetrics
-from agl.store.base import LightningStore, Page, StoreStatistics
+from agl.store.base import AttemptDigest, LightningStore, Page, RolloutMatches, RolloutSearch, StoreStatistics
 
 _STORED_SPANS = TypeAdapter(list[w.StoredSpan])
 _MAYBE_CLAIM = TypeAdapter(AttemptedRollout | None)
@@ -310,6 +310,10 @@ def create_app(
     async def query_rollouts(body: w.RolloutQuery) -> Page[Rollout]:
         return await store.query_rollouts(**body.model_dump())
 
+    @app.post(f"{p}/rollouts/search")
+    async def search_rollouts(body: RolloutSearch) -> RolloutMatches:
+        return await store.search_rollouts(body)
+
     @app.post(f"{p}/rollouts/wait")
     async def wait(body: w.WaitRequest) -> list[Rollout]:
         timeout = w.MAX_WAIT_S if body.timeout_s is None else min(body.timeout_s, w.MAX_WAIT_S)
@@ -346,6 +350,10 @@ def create_app(
     async def add_spans(body: w.SpansRequest) -> list[w.StoredSpan]:
         """Stores a batch; answers with the ids and sequence ids of the newly stored spans only."""
         return await add_spans_call({}, body, None)
+
+    @app.post(f"{p}/digests/query")
+    async def query_digests(body: w.DigestQuery) -> Page[AttemptDigest]:
+        return await store.query_digests(**body.model_dump())
 
     @app.post(f"{p}/spans/query")
     async def query_spans(body: w.SpanQuery) -> Page[Span]:

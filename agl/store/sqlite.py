@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 
 from agl.schemas import now_s
-from agl.store._sql import SQLITE, SqlLightningStore, backfill_digests, ddl
+from agl.store._sql import SQLITE, SqlLightningStore, ddl, upgrade_tables
 from agl.store.base import Clock
 
 
@@ -48,13 +48,18 @@ class SqliteLightningStore(SqlLightningStore):
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("PRAGMA foreign_keys=ON")
+        conn.create_function("agl_lower", 1, _lower, deterministic=True)  # search's, for any letter
         with contextlib.suppress(sqlite3.OperationalError):  # another process created it first
             conn.executescript(";\n".join(ddl(SQLITE)) + ";")
-        conn.execute("BEGIN IMMEDIATE")  # a file from before digests were kept: written once, here
+        conn.execute("BEGIN IMMEDIATE")  # a file from an older agl: brought up to date once, here
         try:
-            backfill_digests(conn, SQLITE)
+            upgrade_tables(conn, SQLITE)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
         self._open(conn, f"agl-sqlite-{Path(self.path).name}")
+
+
+def _lower(text: str | None) -> str | None:
+    return None if text is None else text.lower()

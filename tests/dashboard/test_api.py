@@ -362,22 +362,16 @@ def test_a_version_without_a_parent_is_diffed_against_the_previous_one(
 
 
 def test_search_sees_new_rollouts_and_status_changes(http: httpx.Client, filled: Filled) -> None:
-    get(http, "rollouts", q="anything")  # the search index is read once before the change
+    get(http, "rollouts", q="anything")  # a search before the change: nothing of it may be kept
     body = {"rollouts": [{"input": {"question": "a zebra-crossing question"}, "mode": "test"}]}
     created = http.post("/v1/agl/rollouts", json=body).raise_for_status().json()[0]["rollout_id"]
     filled.rewards[created], filled.modes[created] = None, "test"  # other tests count every rollout
     try:
-        deadline = time.monotonic() + 10
-        while not (found := get(http, "rollouts", q="ZEBRA-CROSSING")["items"]):
-            assert time.monotonic() < deadline, "the new rollout never reached the search index"
-            time.sleep(0.1)
+        found = get(http, "rollouts", q="ZEBRA-CROSSING")["items"]
         assert [(r["rollout_id"], r["status"]) for r in found] == [(created, "queuing")]
     finally:
         http.patch(f"/v1/agl/rollouts/{created}", json={"status": "cancelled"}).raise_for_status()
-    deadline = time.monotonic() + 10
-    while [r["status"] for r in get(http, "rollouts", q="zebra-crossing")["items"]] != ["cancelled"]:
-        assert time.monotonic() < deadline, "the search index kept the old status"
-        time.sleep(0.1)
+    assert [r["status"] for r in get(http, "rollouts", q="zebra-crossing")["items"]] == ["cancelled"]
     assert [r["rollout_id"] for r in get(http, "rollouts", q="zebra", status="cancelled")["items"]] == [
         created
     ]

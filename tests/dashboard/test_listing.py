@@ -7,9 +7,7 @@ failed one, one whose last reply holds the search word. The expected orders are 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -152,12 +150,8 @@ async def test_sorts_search_filters_and_pages_agree_on_every_backend(kind: str, 
                 if not (cursor := page["next_cursor"]):
                     break
             assert seen == by_reward
-            # the running rollout finishes with a new best reward: the list follows
+            # the running rollout finishes with a new best reward: the next answer follows (no cache)
             (attempt,) = (await store.query_attempts(rollout_id=ids[6])).items
             await store.add_spans([reward(ids[6], attempt.attempt_id, 1.0)])
             await store.update_attempt(ids[6], attempt.attempt_id, status=AttemptStatus.SUCCEEDED)
-            deadline = time.monotonic() + 10
-            while names(await get(sort="reward"), ids)[0] != "r6":
-                assert time.monotonic() < deadline, "the list never saw the finished rollout's reward"
-                await asyncio.sleep(0.05)
             assert names(await get(sort="reward"), ids)[:2] == ["r6", "r1"]
