@@ -5,12 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := .venv-vllm/.agl-vllm-setup
+TRL_STAMP := .venv-trl/.agl-trl-setup
 CHROMIUM ?= /usr/bin/chromium
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test lint typecheck pytest demo install test-deps vllm system-packages bench clean
+.PHONY: test lint typecheck pytest demo install test-deps vllm trl system-packages bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,6 +30,12 @@ $(VLLM_STAMP): scripts/setup_vllm.sh
 
 vllm: $(VLLM_STAMP)
 
+# TRL in its own venv (.venv-trl) for benchmarks/grpo_vs_trl.py's TRL side and its smoke test (~1.5 min once)
+$(TRL_STAMP): scripts/setup_trl.sh
+	bash scripts/setup_trl.sh
+
+trl: $(TRL_STAMP)
+
 # Debian packages the suite uses: headless Chromium (dashboard browser tests) and bubblewrap (agl.sandbox);
 # installed when root, else the exact command is printed
 system-packages:
@@ -46,7 +53,7 @@ system-packages:
 	  fi; \
 	fi
 
-test-deps: install vllm system-packages
+test-deps: install vllm trl system-packages
 
 lint: $(STAMP)
 	$(BIN)/ruff check agl tests benchmarks examples

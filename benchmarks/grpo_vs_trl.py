@@ -1,18 +1,27 @@
-"""GRPO step speed on CPU: agl (built-in engine + ``Policy.step``) vs TRL's ``GRPOTrainer``, same everything.
-TRL and datasets come with the bench extra (agl[bench]): ``pip install -e '.[bench]'``.
+"""GRPO step speed on CPU: agl through ``Trainer.fit``, agl in process, and TRL's ``GRPOTrainer``, same everything.
 
-Part 1, single turn: the same model, prompts, reward, group size, completion length, learning rate and number of
-steps through both, one after the other; seconds per step (generation + update, + weight sync for agl), trained
-tokens/s (prompt + completion tokens of the batch / step time) and the reward of the last steps.
+TRL runs in its own venv so it never moves agl's torch or transformers: ``bash scripts/setup_trl.sh`` makes
+``.venv-trl`` (pinned torch, trl, datasets), found by default; ``--trl-python`` names another interpreter
+(one with ``pip install -e '.[bench]'``, say).
+
+Part 1, single turn, three sides on the same model, prompts, reward, group size, completion length, learning
+rate and steps; each side a fresh process per round, rounds in alternating order (reversed every other round):
+- ``fit``: ``agl.Trainer(algorithm=agl.GRPO(...)).fit(agent, tasks)`` with an ``@agl.rollout`` agent calling the
+  model through the openai SDK: store, runners, gateway and built-in engine, exactly what a user runs;
+- ``inproc``: the built-in engine called in process, spans, ``build_batch``, ``Policy.step``, weight sync
+  (the same policy settings as ``fit``; the gap to ``fit`` is what the store, runners and gateway cost);
+- ``trl``: ``GRPOTrainer`` (``benchmarks/_trl_side.py``), ``use_cpu=True``, no vLLM, ``loss_type="dapo"`` (token
+  mean, as agl's default), ``beta=0``, ``gradient_checkpointing=False`` unless ``--trl-gradient-checkpointing``.
+The first step of each round is warm-up and left out. Per side: medians over the other steps of ``step_s`` (the
+side's own step time: generation + update (+ sync)) and ``wall_s`` (step start to next step start: everything the
+loop does between steps too), and of trained tokens/s (the step's prompt + completion tokens / ``step_s``); then a
+ratio table. The reward (right number 1, other number 0.1, less a hair per character) rarely ties a group, so agl
+(which skips tied groups) and TRL (which trains them) train on the same samples; ``samples`` shows it.
 Part 2, a synthetic 5-turn agent (5 calls whose prompts extend each other): one ``Policy.step`` on trajectory-level
 samples (one merged sequence per rollout) vs transition-level samples (one per call): tokens processed, step time.
 
-    .venv/bin/python benchmarks/grpo_vs_trl.py --model tiny --steps 3
-    .venv/bin/python benchmarks/grpo_vs_trl.py --model smollm2 --steps 4 --json results/grpo_vs_trl.jsonl
-
-TRL runs with ``use_cpu=True, bf16=False``, no vLLM, ``report_to="none"``, ``loss_type="dapo"`` (token mean, as
-agl's default), ``beta=0`` and ``gradient_checkpointing=False`` (agl does not checkpoint; TRL 1.x enables it
-by default, which only makes TRL slower; pass ``--trl-gradient-checkpointing`` to measure that).
+    .venv/bin/python benchmarks/grpo_vs_trl.py --model tiny --steps 3 --rounds 1 --skip-multi-turn
+    .venv/bin/python benchmarks/grpo_vs_trl.py --model smollm2 --steps 4 --rounds 2 --skip-multi-turn
 """
 
 from __future__ import annotations
@@ -23,36 +32,45 @@ import gc
 import json
 import os
 import random
-import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
-
 from agl import semconv as sc  # noqa: E402
 from agl.schemas import Rollout, RolloutStatus, Span  # noqa: E402
+from benchmarks._trl_side import reward_text  # noqa: E402
+
+SIDES = ("fit", "inproc", "trl")
+TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 
 
-def make_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Small sums: a chat prompt and the expected answer."""
+def make_pool(n: int, seed: int) -> list[dict[str, Any]]:
+    """Small sums: a chat prompt, the expected answer and an id (to check every side got the same prompts)."""
     rng = random.Random(seed)
     tasks = []
-    for _ in range(n):
+    for i in range(n):
         a, b = rng.randrange(1, 20), rng.randrange(1, 20)
         content = f"What is {a} + {b}? Reply with the number only."
-        tasks.append({"prompt": [{"role": "user", "content": content}], "answer": str(a + b)})
+        tasks.append({"id": f"t{i}", "prompt": [{"role": "user", "content": content}], "answer": str(a + b)})
     return tasks
 
 
-def reward_text(text: str, answer: str) -> float:
-    """1 for the right number in the reply, 0.1 for some other number, 0 otherwise (shared by both sides)."""
-    numbers = re.findall(r"-?\d+", text)
-    return 1.0 if answer in numbers else (0.1 if numbers else 0.0)
+def plan_steps(pool: list[dict[str, Any]], steps: int, prompts: int, seed: int) -> list[list[dict[str, Any]]]:
+    """Each step's tasks, drawn as GRPO in ``fit`` draws them (``random.Random(seed)``, ``sample`` per step).
+
+    The fit side records the tasks its agent saw, and the summary says whether they matched this plan.
+    """
+    rng = random.Random(seed)
+    return [rng.sample(pool, min(prompts, len(pool))) for _ in range(steps)]
 
 
 def emit(row: dict[str, Any], json_path: Path | None) -> None:
@@ -64,47 +82,76 @@ def emit(row: dict[str, Any], json_path: Path | None) -> None:
             fh.write(line + "\n")
 
 
-def _summary(side: str, args: argparse.Namespace, steps: list[dict[str, float]]) -> dict[str, Any]:
-    times = [s["step_s"] for s in steps]
-    steady = times[1:] or times
-    tokens = sum(s["tokens"] for s in steps[1:] or steps)
-    # agl skips the update when every group tied (nothing to learn); TRL always runs it: compare like with like
-    updated = [s for s in steps[1:] if s.get("update_s", 1.0) > 0] or [
-        s for s in steps if s.get("update_s", 1.0) > 0
-    ]
-    return {
-        "bench": "grpo_single_turn",
-        "side": side,
-        "model": args.model,
-        "prompts_per_step": args.prompts,
-        "group_size": args.group,
-        "max_tokens": args.max_tokens,
-        "steps": len(steps),
-        "threads": args.threads,
-        "first_step_s": round(times[0], 3),
-        "step_s": round(statistics.mean(steady), 3),
-        "trained_tokens_per_s": round(tokens / sum(steady), 1),
-        "steps_with_update": len(updated),
-        "step_s_with_update": round(statistics.mean(s["step_s"] for s in updated), 3) if updated else None,
-        "trained_tokens_per_s_with_update": (
-            round(sum(s["tokens"] for s in updated) / sum(s["step_s"] for s in updated), 1)
-            if updated
-            else None
-        ),
-        "tokens_per_step": round(statistics.mean(s["tokens"] for s in steps), 1),
-        "reward_first": round(steps[0]["reward"], 3),
-        "reward_last": round(steps[-1]["reward"], 3),
-        **(
+def _walls(starts: list[float], last_step_s: float) -> list[float]:
+    """Step start to the next step's start; the last step, with no next one, counts its own time."""
+    return [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)] + [last_step_s]
+
+
+# ----- agl through Trainer.fit --------------------------------------------------------------------------------
+def run_fit(args: argparse.Namespace, path: Path, pool: list[dict[str, Any]]) -> dict[str, Any]:
+    """``Trainer.fit`` on ``pool`` as a user calls it; the agent records when each rollout began and its tokens."""
+    import openai
+
+    import agl
+    from agl.algorithm.grpo import GRPO, GRPOConfig
+
+    per_step = args.prompts * args.group
+    seen: list[
+        tuple[float, str, int]
+    ] = []  # (began, task id, prompt + completion tokens), in finishing order
+
+    @agl.rollout
+    async def agent(task: dict[str, Any], llm: agl.LLM) -> float:
+        began = time.perf_counter()
+        async with openai.AsyncOpenAI(
+            base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0
+        ) as client:
+            reply = await client.chat.completions.create(
+                model=llm.model, messages=task["prompt"], max_tokens=args.max_tokens
+            )
+        tokens = reply.usage.total_tokens if reply.usage else 0
+        seen.append((began, task["id"], tokens))
+        return reward_text(reply.choices[0].message.content or "", task["answer"])
+
+    config = GRPOConfig(
+        model_path=str(path),
+        steps=args.steps,
+        tasks_per_step=args.prompts,
+        group_size=args.group,
+        lr=args.lr,
+        micro_batch_tokens=args.micro_batch_tokens,
+        eval_every=0,  # no validation: only training steps are timed
+        export_model=False,  # writing the model after the last step is not a step
+        seed=args.seed,
+    )
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="agl-bench-fit-") as out:
+        # one runner slot per rollout of a step: a step's rollouts are generated together, as on the other sides
+        result = agl.Trainer(algorithm=GRPO(config), n_runners=per_step, output_dir=out).fit(agent, pool)
+    history = result["history"]
+    if len(seen) != per_step * len(history):
+        raise RuntimeError(f"{len(seen)} rollouts finished for {len(history)} steps of {per_step}")
+    chunks = [seen[i * per_step : (i + 1) * per_step] for i in range(len(history))]
+    starts = [min(c[0] for c in chunk) for chunk in chunks]
+    steps = []
+    walls = _walls(starts, history[-1]["step_time_s"]) if history else []
+    for row, chunk, wall in zip(history, chunks, walls, strict=True):
+        steps.append(
             {
-                k: round(statistics.mean(s[k] for s in steps), 3)
-                for k in ("gen_s", "update_s", "sync_s")
-                if k in steps[0]
+                "step_s": row["step_time_s"],
+                "wall_s": wall,
+                "gen_s": row["rollout_time_s"],
+                "update_s": row.get("update_time_s", 0.0),
+                "tokens": float(sum(c[2] for c in chunk)),
+                "reward": row["reward_mean"],
+                "samples": row["samples"],
+                "task_ids": sorted({c[1] for c in chunk}),
             }
-        ),
-    }
+        )
+    return {"steps": steps, "setup_s": starts[0] - started if starts else None}
 
 
-# ----- agl ---------------------------------------------------------------------------------------------------
+# ----- agl in process -----------------------------------------------------------------------------------------
 def _spans(rollout_id: str, prompt: list[int], choice: Any, version: str, reward: float) -> list[Span]:
     call = Span.new(
         rollout_id,
@@ -124,32 +171,42 @@ def _spans(rollout_id: str, prompt: list[int], choice: Any, version: str, reward
     return [call, Span.new(rollout_id, "at-1", sc.SPAN_REWARD, {sc.REWARD_VALUE: reward}, sequence_id=2)]
 
 
-async def run_agl(
-    args: argparse.Namespace, path: Path, tasks: list[dict[str, Any]]
-) -> list[dict[str, float]]:
+async def run_inproc(
+    args: argparse.Namespace, path: Path, plan: list[list[dict[str, Any]]]
+) -> dict[str, Any]:
     """Each step: P x G completions from the engine, spans -> ``build_batch`` -> ``Policy.step`` -> weight sync."""
     from agl.algorithm.grpo import GRPOConfig, build_batch
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.policy import Policy, PolicyConfig
     from agl.engines.builtin import Engine, SamplingParams
 
-    config = GRPOConfig(model_path=str(path), group_size=args.group, lr=args.lr, max_sample_tokens=100_000)
-    policy = Policy(
-        PolicyConfig(model_path=str(path), lr=args.lr, micro_batch_tokens=args.micro_batch_tokens),
+    started = time.perf_counter()
+    config = GRPOConfig(
+        model_path=str(path),
+        group_size=args.group,
+        lr=args.lr,
+        micro_batch_tokens=args.micro_batch_tokens,
+        seed=args.seed,
+    )
+    policy = Policy(  # the policy GRPO builds in fit, from the same config
+        PolicyConfig(
+            model_path=str(path),
+            lr=config.lr,
+            max_grad_norm=config.max_grad_norm,
+            micro_batch_tokens=config.micro_batch_tokens,
+            activation_checkpointing=config.activation_checkpointing,
+            seed=config.seed,
+        ),
         config.loss,
     )
-    engine = Engine(path, max_batch_size=args.prompts * args.group, default_max_tokens=args.max_tokens)
-    steps = []
-    for step in range(args.steps):
-        batch_tasks = tasks[step * args.prompts : (step + 1) * args.prompts]
-        started = time.perf_counter()
+    engine = Engine(path)  # the built-in engine's defaults, as fit serves it
+    setup_s = time.perf_counter() - started
+    steps, starts = [], []
+    for step, batch_tasks in enumerate(plan):
+        began = time.perf_counter()
+        starts.append(began)
         prompts = [engine.encode_chat(t["prompt"]) for t in batch_tasks]
-        params = [
-            SamplingParams(
-                temperature=1.0, max_tokens=args.max_tokens, n=args.group, seed=args.seed + 97 * step + i
-            )
-            for i in range(len(prompts))
-        ]
-        gens = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)))
+        params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, n=args.group)
+        gens = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
         generated = time.perf_counter()
         rollouts, spans, rewards = [], {}, []
         for i, (task, gen) in enumerate(zip(batch_tasks, gens, strict=True)):
@@ -168,118 +225,197 @@ async def run_agl(
                     )
                 )
         batch = build_batch(rollouts, spans, config)
-        tokens = sum(len(gen.prompt_token_ids) + len(c.token_ids) for gen in gens for c in gen.choices)
         update_s = sync_s = 0.0
-        if batch.samples:  # a step whose groups all tied has nothing to learn from; TRL still runs its update
+        if batch.samples:  # a step whose groups all tied has nothing to learn from, as in fit
             t = time.perf_counter()
             policy.step(batch.samples, batch.advantages, batch.rollout_index)
             update_s = time.perf_counter() - t
             t = time.perf_counter()
             await engine.update_weights(policy.engine_weights())
             sync_s = time.perf_counter() - t
-        step_s = time.perf_counter() - started
         steps.append(
             {
-                "step_s": step_s,
-                "gen_s": generated - started,
+                "step_s": time.perf_counter() - began,
+                "gen_s": generated - began,
                 "update_s": update_s,
                 "sync_s": sync_s,
-                "tokens": float(tokens),
+                "tokens": float(
+                    sum(len(g.prompt_token_ids) + len(c.token_ids) for g in gens for c in g.choices)
+                ),
                 "reward": sum(rewards) / len(rewards),
+                "samples": float(len(batch.samples)),
+                "task_ids": sorted(t["id"] for t in batch_tasks),
             }
         )
-        print(f"  agl step {step + 1}: {step_s:.2f}s reward {steps[-1]['reward']:.3f}", flush=True)
+    for s, wall in zip(steps, _walls(starts, steps[-1]["step_s"]), strict=True):
+        s["wall_s"] = wall
     del policy, engine
     gc.collect()
-    return steps
+    return {"steps": steps, "setup_s": setup_s}
 
 
-# ----- TRL ---------------------------------------------------------------------------------------------------
-def run_trl(args: argparse.Namespace, path: Path, tasks: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """The same steps through TRL's GRPOTrainer: one generation round and one optimizer step per step."""
-    try:
-        from datasets import Dataset
-        from trl import GRPOConfig as TRLConfig
-        from trl import GRPOTrainer
-    except ImportError as exc:
-        raise SystemExit(
-            f"{exc.name} is not installed: pip install -e '.[bench]' (agl[bench]: trl, datasets)"
-        ) from exc
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+# ----- one side, in its own process ---------------------------------------------------------------------------
+def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Path, result: Path) -> list[str]:
+    """The command line of one side's process: the shared settings, then the side's own."""
+    shared = ["--steps", str(args.steps), "--prompts", str(args.prompts), "--group", str(args.group)]
+    shared += ["--max-tokens", str(args.max_tokens), "--lr", str(args.lr), "--threads", str(args.threads)]
+    shared += ["--seed", str(args.seed), "--result", str(result)]
+    if side == "trl":
+        own = [
+            "--model-path",
+            str(path),
+            "--tasks",
+            str(plan_file),
+            "--output",
+            str(result.with_suffix(".out")),
+        ]
+        own += ["--gradient-checkpointing"] if args.trl_gradient_checkpointing else []
+        return [str(args.trl_python), str(ROOT / "benchmarks" / "_trl_side.py"), *shared, *own]
+    own = ["--model", args.model, "--side", side, "--pool-size", str(args.pool_size)]
+    own += ["--micro-batch-tokens", str(args.micro_batch_tokens)]
+    return [sys.executable, str(Path(__file__).resolve()), *shared, *own]
 
-    rewards_seen: list[list[float]] = []
 
-    def reward_func(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
-        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
-        out = [reward_text(t, a) for t, a in zip(texts, answer, strict=True)]
-        rewards_seen.append(out)
-        return out
+def run_side(side: str, args: argparse.Namespace, path: Path, work: Path, round_: int) -> dict[str, Any]:
+    """One side for ``--steps`` steps in a fresh process; its output goes to a log file, its steps come back."""
+    plan_file, result = work / "plan.json", work / f"{side}-r{round_}.json"
+    log = work / f"{side}-r{round_}.log"
+    started = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.run(
+            side_command(side, args, path, plan_file, result),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+            timeout=args.side_timeout,
+        )
+    if proc.returncode != 0 or not result.exists():
+        tail = log.read_text(errors="replace")[-3000:]
+        return {"error": f"{side} exited with {proc.returncode}; the end of {log}:\n{tail}"}
+    out: dict[str, Any] = json.loads(result.read_text())
+    out["process_s"] = time.perf_counter() - started
+    return out
 
-    class Timer(TrainerCallback):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self.began = 0.0
-            self.times: list[float] = []
-            self.logs: list[dict[str, float]] = []
 
-        def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.began = time.perf_counter()
+# ----- summary ------------------------------------------------------------------------------------------------
+def _median(values: list[Any]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 3) if present else None
 
-        def on_step_end(self, *a: Any, **k: Any) -> None:
-            self.times.append(time.perf_counter() - self.began)
 
-        def on_log(self, *a: Any, logs: dict[str, float] | None = None, **k: Any) -> None:
-            if logs and "num_tokens" in logs:
-                self.logs.append(dict(logs))
+def summarize(
+    side: str, args: argparse.Namespace, runs: list[dict[str, Any]], plan: list[Any]
+) -> dict[str, Any]:
+    """Medians over every round's steps but the first (warm-up); counts what differs between the sides."""
+    steady = [s for run in runs for s in run["steps"][1:]] or [s for run in runs for s in run["steps"]]
+    expected = [sorted(t["id"] for t in step) for step in plan]
+    row: dict[str, Any] = {
+        "bench": "grpo_single_turn",
+        "side": side,
+        "model": args.model,
+        "prompts_per_step": args.prompts,
+        "group_size": args.group,
+        "max_tokens": args.max_tokens,
+        "rounds": len(runs),
+        "steps_per_round": args.steps,
+        "steady_steps": len(steady),
+        "step_s": _median([s["step_s"] for s in steady]),
+        "wall_s": _median([s.get("wall_s") for s in steady]),
+        "trained_tokens_per_s": _median([s["tokens"] / s["step_s"] for s in steady]),
+        "tokens_per_step": _median([s["tokens"] for s in steady]),
+        "samples_per_step": _median([s["samples"] for s in steady]),
+        "steps_without_update": sum(1 for s in steady if s["samples"] == 0),
+        "first_step_s": _median([run["steps"][0]["step_s"] for run in runs if run["steps"]]),
+        "setup_s": _median([run.get("setup_s") for run in runs]),
+        "reward_first": _median([run["steps"][0]["reward"] for run in runs if run["steps"]]),
+        "reward_last": _median([run["steps"][-1]["reward"] for run in runs if run["steps"]]),
+        "same_prompts": all([s.get("task_ids") for s in run["steps"]] == expected for run in runs),
+        "threads": args.threads,
+    }
+    for key in ("gen_s", "update_s", "sync_s"):
+        if any(key in s for s in steady):
+            row[key] = _median([s.get(key) for s in steady])
+    if side == "trl":
+        row["versions"] = runs[0].get("versions")
+        row["gradient_checkpointing"] = args.trl_gradient_checkpointing
+    return row
 
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-    data = Dataset.from_list(tasks[: args.steps * args.prompts])
-    out_dir = Path(args.trl_output)
-    config = TRLConfig(
-        output_dir=str(out_dir),
-        use_cpu=True,
-        bf16=False,
-        use_vllm=False,
-        report_to="none",
-        per_device_train_batch_size=args.prompts * args.group,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_generations=args.group,
-        max_completion_length=args.max_tokens,
-        temperature=1.0,
-        learning_rate=args.lr,
-        max_steps=args.steps,
-        beta=0.0,
-        loss_type="dapo",
-        logging_steps=1,
-        save_strategy="no",
-        shuffle_dataset=False,
-        gradient_checkpointing=args.trl_gradient_checkpointing,
-        seed=args.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
-    timer = Timer()
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward_func,
-        args=config,
-        train_dataset=data,
-        processing_class=tokenizer,
-        callbacks=[timer],
-    )
-    trainer.train()
-    steps = []
-    previous = 0.0
-    for i, seconds in enumerate(timer.times):
-        total = timer.logs[i]["num_tokens"] if i < len(timer.logs) else previous
-        rs = rewards_seen[i] if i < len(rewards_seen) else [float("nan")]
-        steps.append({"step_s": seconds, "tokens": float(total - previous), "reward": sum(rs) / len(rs)})
-        previous = total
-        print(f"  trl step {i + 1}: {seconds:.2f}s reward {steps[-1]['reward']:.3f}", flush=True)
-    del trainer, model
-    gc.collect()
-    return steps
+
+def ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Speed-up of each side over each later one: per step (step_s, wall_s) and in trained tokens/s."""
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a and b else None
+
+    out = []
+    names = [s for s in SIDES if s in rows]
+    for i, fast in enumerate(names):
+        for slow in names[i + 1 :]:
+            a, b = rows[fast], rows[slow]
+            out.append(
+                {
+                    "bench": "grpo_single_turn_ratio",
+                    "model": a["model"],
+                    "side": fast,
+                    "over": slow,
+                    "speedup_step": ratio(b["step_s"], a["step_s"]),
+                    "speedup_wall": ratio(b["wall_s"], a["wall_s"]),
+                    "speedup_tokens_per_s": ratio(a["trained_tokens_per_s"], b["trained_tokens_per_s"]),
+                }
+            )
+    return out
+
+
+def table(rows: dict[str, dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| side | s/step (median) | wall s/step | trained tok/s | gen s | update s | samples/step | no-update steps |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for side, r in rows.items():
+        cells = [r["step_s"], r["wall_s"], r["trained_tokens_per_s"], r.get("gen_s"), r.get("update_s")]
+        cells += [r["samples_per_step"], r["steps_without_update"]]
+        lines.append(f"| {side} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    lines += ["", "| ratio | per step | per wall step | tokens/s |", "|---|---:|---:|---:|"]
+    for q in ratio_rows:
+        cells = [q["speedup_step"], q["speedup_wall"], q["speedup_tokens_per_s"]]
+        lines.append(
+            f"| {q['side']} / {q['over']} | " + " | ".join(f"{c}x" if c else "-" for c in cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def run_single_turn(args: argparse.Namespace, path: Path) -> bool:
+    """Every side ``--rounds`` times, order reversed every other round; False when a side failed."""
+    sides = [s for s in SIDES if s in args.sides]
+    pool = make_pool(args.pool_size, args.seed)
+    plan = plan_steps(pool, args.steps, args.prompts, args.seed)
+    runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="agl-bench-grpo-") as tmp:
+        work = Path(args.log_dir) if args.log_dir else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        trl_tasks = [{k: t[k] for k in ("id", "prompt", "answer")} for step in plan for t in step]
+        (work / "plan.json").write_text(json.dumps(trl_tasks))
+        for round_ in range(args.rounds):
+            for side in sides if round_ % 2 == 0 else sides[::-1]:
+                print(f"round {round_ + 1}/{args.rounds}: {side} ...", flush=True)
+                got = run_side(side, args, path, work, round_)
+                if "error" in got:
+                    print(got["error"], file=sys.stderr, flush=True)
+                    ok = False
+                    continue
+                runs[side].append(got)
+                times = ", ".join(f"{s['step_s']:.2f}" for s in got["steps"])
+                print(f"  {side}: step s [{times}], process {got['process_s']:.1f}s", flush=True)
+    rows = {s: summarize(s, args, r, plan) for s, r in runs.items() if r}
+    for row in rows.values():
+        emit(row, args.json)
+    ratio_rows = ratios(rows)
+    for q in ratio_rows:
+        emit(q, args.json)
+    print(table(rows, ratio_rows), flush=True)
+    return ok
 
 
 # ----- 5-turn: trajectory vs transition -----------------------------------------------------------------------
@@ -318,7 +454,7 @@ def multi_turn_samples(
 
 def run_multi_turn(args: argparse.Namespace, path: Path, json_path: Path | None) -> dict[str, float]:
     from agl.algorithm.grpo import LossConfig
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.policy import Policy, PolicyConfig
 
     policy = Policy(
         PolicyConfig(model_path=str(path), lr=args.lr, micro_batch_tokens=args.micro_batch_tokens),
@@ -354,50 +490,46 @@ def run_multi_turn(args: argparse.Namespace, path: Path, json_path: Path | None)
     return results
 
 
-def run_single_turn(args: argparse.Namespace, path: Path, tasks: list[dict[str, Any]]) -> None:
-    """agl then TRL on the same tasks, and their ratio."""
-    ours = _summary("agl", args, asyncio.run(run_agl(args, path, tasks)))
-    emit(ours, args.json)
-    if not args.skip_trl:
-        torch.manual_seed(args.seed)
-        theirs = _summary("trl", args, run_trl(args, path, tasks))
-        theirs["gradient_checkpointing"] = args.trl_gradient_checkpointing
-        emit(theirs, args.json)
-        emit(
-            {
-                "bench": "grpo_single_turn_speedup",
-                "model": args.model,
-                "speedup_step": round(theirs["step_s"] / ours["step_s"], 2),
-                "speedup_step_with_update": round(
-                    theirs["step_s"] / (ours["step_s_with_update"] or ours["step_s"]), 2
-                ),
-                "speedup_tokens_per_s": round(
-                    (ours["trained_tokens_per_s_with_update"] or ours["trained_tokens_per_s"])
-                    / theirs["trained_tokens_per_s"],
-                    2,
-                ),
-                "target": 2.0,
-            },
-            args.json,
+def _micro_batch_tokens(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
+def _sides(value: str) -> list[str]:
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    unknown = sorted(set(names) - set(SIDES))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"--sides takes a comma-separated subset of {','.join(SIDES)}, got {value!r}"
         )
+    return names
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--sides", type=_sides, default=list(SIDES), help="comma-separated: fit,inproc,trl")
+    parser.add_argument(
+        "--steps", type=int, default=4, help="steps per side and round (the first is warm-up)"
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="times each side runs, alternating the order")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
     parser.add_argument("--group", type=int, default=4, help="completions per prompt")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-6)
-    parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--pool-size", type=int, default=64, help="tasks the steps draw their prompts from")
+    parser.add_argument("--micro-batch-tokens", type=_micro_batch_tokens, default="auto")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument(
+        "--trl-python", type=Path, default=TRL_PYTHON, help="an interpreter with trl, datasets"
+    )
+    parser.add_argument("--trl-gradient-checkpointing", action="store_true")
+    parser.add_argument("--side-timeout", type=float, default=3600.0, help="seconds one side's run may take")
+    parser.add_argument("--log-dir", default=None, help="keep each side's log here (default: a temp folder)")
     parser.add_argument("--skip-single-turn", action="store_true")
     parser.add_argument("--skip-multi-turn", action="store_true")
-    parser.add_argument("--trl-gradient-checkpointing", action="store_true")
-    parser.add_argument("--trl-output", default="/tmp/agl-bench-trl")
     parser.add_argument("--turns", type=int, default=5)
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--system-tokens", type=int, default=64)
@@ -405,16 +537,38 @@ def main() -> None:
     parser.add_argument("--tool-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="append one JSON line per measurement")
+    parser.add_argument("--side", choices=["fit", "inproc"], help=argparse.SUPPRESS)  # a side's own process
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for name in ("steps", "rounds", "prompts", "group", "max_tokens", "pool_size", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.pool_size < args.prompts:
+        parser.error(f"--pool-size ({args.pool_size}) must be >= --prompts ({args.prompts})")
+    if args.side is not None and args.result is None:
+        parser.error("--side runs one side for the benchmark, which passes --result")
+    wants_trl = args.side is None and not args.skip_single_turn and "trl" in args.sides
+    if wants_trl and not args.trl_python.exists():
+        raise SystemExit(
+            f"the trl side needs {args.trl_python}: run `bash scripts/setup_trl.sh` (makes .venv-trl), "
+            "pass --trl-python, or leave it out with --sides fit,inproc"
+        )
+
+    import torch
 
     torch.set_num_threads(args.threads)
     from agl.models import smollm2, tiny_model
 
     path = smollm2() if args.model == "smollm2" else tiny_model()
-    tasks = make_tasks(args.steps * args.prompts, args.seed)
-
+    if args.side is not None:  # one side's process: run it, hand its steps back through --result
+        pool = make_pool(args.pool_size, args.seed)
+        plan = plan_steps(pool, args.steps, args.prompts, args.seed)
+        got = run_fit(args, path, pool) if args.side == "fit" else asyncio.run(run_inproc(args, path, plan))
+        args.result.write_text(json.dumps(got))
+        return
+    ok = True
     if not args.skip_single_turn:
-        run_single_turn(args, path, tasks)
+        ok = run_single_turn(args, path)
     if not args.skip_multi_turn:
         times = run_multi_turn(args, path, args.json)
         emit(
@@ -426,6 +580,8 @@ def main() -> None:
             },
             args.json,
         )
+    if not ok:
+        raise SystemExit("a side failed: see its log above")
 
 
 if __name__ == "__main__":
