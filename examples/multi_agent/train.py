@@ -69,8 +69,9 @@ def agent_calls(store_path: Path, n_test: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    # 5 GRPO steps: a 10-step run solved every group from step 6 on and trained nothing after
-    args = recipe_args(__doc__ or "", "multi_agent", steps=5)
+    # 5 GRPO steps: a 10-step run solved every group from step 6 on and trained nothing after; an 8-step
+    # warm start (loss 0.045, 76.6% held-out against 79.7% after 12) leaves GRPO the same +20 in less time
+    args = recipe_args(__doc__ or "", "multi_agent", steps=5, sft_steps=8)
     agl.instrument("langchain")  # LangGraph's nodes and tool calls show in the dashboard
     train, test = make_tasks(200, seed=args.seed), make_tasks(args.test, seed=10_000 + args.seed)
     recipe = Recipe(
