@@ -19,6 +19,10 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+# "auto" precision means bf16 on CPUs with native bf16 and fp32 elsewhere: pin fp32 so results (and tight
+# numeric comparisons) do not depend on the CI machine's CPU; tests/algorithm/test_precision.py runs bf16
+os.environ.setdefault("AGL_PRECISION", "fp32")
+
 _TRUE = {"1", "true", "yes", "on"}
 
 

@@ -18,6 +18,11 @@ def serve(
     port: int = typer.Option(8000, help="Port to bind (0: a free port)."),
     device: str = typer.Option("cpu", help="Torch device, e.g. cpu or cuda:0."),
     dtype: str = typer.Option("float32", help="Weights dtype: float32, bfloat16 or float16."),
+    precision: str = typer.Option(
+        "auto",
+        help="Matmul precision: auto (bf16 autocast on a CPU with native bf16, else fp32), fp32 or bf16. "
+        "Match the trainer's GRPOConfig.precision so sampling and training logprobs agree.",
+    ),
     max_batch_size: int = typer.Option(32, help="Most sequences decoded together."),
     served_model_name: str | None = typer.Option(None, help="Name reported by /v1/models."),
     token: str | None = typer.Option(
@@ -42,7 +47,12 @@ def serve(
 
         model = str(smollm2())
     engine = Engine(
-        model, device=device, dtype=dtype, max_batch_size=max_batch_size, model_name=served_model_name
+        model,
+        device=device,
+        dtype=dtype,
+        precision=precision,
+        max_batch_size=max_batch_size,
+        model_name=served_model_name,
     )
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         typer.secho(

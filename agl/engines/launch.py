@@ -279,18 +279,21 @@ async def start_engines(
     model_path: str,
     *,
     lora_rank: int = 0,
+    precision: str = "auto",
     work_dir: Path,
     placer: Placer | None = None,
 ) -> ServedEngines:
     """Start the replicas ``spec`` names for ``model_path`` (in parallel) and return them running.
 
     ``lora_rank``: the rank of the LoRA adapters the trainer will push (0: full weights); vLLM replicas
-    then hot-load adapters of up to that rank instead of restarting.
+    then hot-load adapters of up to that rank instead of restarting. ``precision``: the trained policy's,
+    which the built-in engine takes unless its options set one (so sampling and training logprobs agree).
     """
     spec = spec or BuiltinEngine()
     placer = placer or LocalPlacer()
     if isinstance(spec, BuiltinEngine):
-        replica = await asyncio.to_thread(placer.builtin, model_path, dict(spec.options))
+        engine_options = {"precision": precision, **spec.options}
+        replica = await asyncio.to_thread(placer.builtin, model_path, engine_options)
         key = spec.options.get("token")  # EngineServer(token=...): the gateway sends it upstream
         name = getattr(replica, "backend_name", None)  # e.g. a Ray replica's URL#ray-node=ID
         upstream = UpstreamConfig(url=replica.base_url, kind="agl", api_key=key, name=name)

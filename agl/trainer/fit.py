@@ -50,6 +50,11 @@ def lora_rank_of(algorithm: Any) -> int:
     return int(getattr(getattr(algorithm, "config", None), "lora_rank", 0) or 0)
 
 
+def precision_of(algorithm: Any) -> str:
+    """The precision the algorithm trains in (``config.precision``, as GRPO and SFT have); else ``"auto"``."""
+    return str(getattr(getattr(algorithm, "config", None), "precision", "auto") or "auto")
+
+
 def algorithm_entry(algorithm: Any) -> AlgorithmEntry:
     """How ``fit`` calls ``algorithm``: ``run(ctx, train, val)`` for an ``agl.Algorithm`` (GRPO, APO, SFT,
     yours) or any object with such an async ``run``, or the ``async def fn(ctx, train, val)`` form.
@@ -192,7 +197,12 @@ async def _serve_model(
     spec = trainer.serving.engine or BuiltinEngine()
     work_dir = Path(ctx.output_dir) / "engine"
     engines = await start_engines(
-        spec, model_path, lora_rank=lora_rank_of(trainer.algorithm), work_dir=work_dir, placer=placer
+        spec,
+        model_path,
+        lora_rank=lora_rank_of(trainer.algorithm),
+        precision=precision_of(trainer.algorithm),
+        work_dir=work_dir,
+        placer=placer,
     )
     stack.callback(engines.stop)
     settings = trainer.serving

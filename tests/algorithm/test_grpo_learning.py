@@ -135,15 +135,19 @@ async def _sample_step(
     return rollouts, spans, sum(rewards) / len(rewards)
 
 
-async def test_grpo_steps_on_the_tiny_model_raise_the_reward(tmp_path: Path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])  # bf16: autocast in the policy and the engine
+async def test_grpo_steps_on_the_tiny_model_raise_the_reward(tmp_path: Path, precision: str) -> None:
     from agl.algorithm.policy.model import Policy, PolicyConfig
     from agl.engines.builtin import Engine
     from agl.models import tiny_model
 
     path = tiny_model()
     config = GRPOConfig(model_path=str(path), group_size=8, lr=3e-2)
-    policy = Policy(PolicyConfig(model_path=str(path), lr=config.lr, max_grad_norm=1.0), config.loss)
-    engine = Engine(path, max_batch_size=32)
+    policy = Policy(
+        PolicyConfig(model_path=str(path), lr=config.lr, max_grad_norm=1.0, precision=precision),  # type: ignore[arg-type]
+        config.loss,
+    )
+    engine = Engine(path, max_batch_size=32, precision=precision)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     prompts = [
         engine.encode_chat([{"role": "user", "content": q}])

@@ -73,6 +73,7 @@ class GRPO(Algorithm):
                 seed=cfg.seed,
                 device=cfg.device,
                 memory_budget_gb=cfg.memory_budget_gb,
+                precision=cfg.precision,
             ),
             cfg.loss,
         )

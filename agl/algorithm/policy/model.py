@@ -34,6 +34,7 @@ from agl.algorithm.memory import (
 from agl.algorithm.policy import collective
 from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.loss import LossConfig, grpo_loss, token_weights
+from agl.algorithm.precision import Precision, autocast, resolve_precision
 from agl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ class PolicyConfig:
     seed: int = 0
     device: str = "cpu"  # "cuda" trains on the GPU
     memory_budget_gb: float | None = None  # None: a fraction of the RAM (or VRAM) this process could have
+    precision: Precision = (
+        "auto"  # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
+    )
 
 
 @dataclass
@@ -137,6 +141,7 @@ class Policy:
             config.model_path, local_files_only=True, dtype=torch.float32
         )
         self.device = torch.device(config.device)
+        self.precision = resolve_precision(config.precision, self.device)
         self.data_parallel = False  # set by agl.algorithm.policy.distributed on every rank of a group
         model.to(self.device)  # type: ignore[arg-type]
         if checkpointing_for(config.activation_checkpointing, self.device):
@@ -261,12 +266,13 @@ class Policy:
                 [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
             ).to(self.device)
             w = weights[torch.tensor(group), : part.input_ids.shape[1] - 1].to(self.device)  # (b, t-1)
-            logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention)
+            with autocast(self.precision, self.device):
+                logprobs, entropy = token_logprobs(self.model, part.input_ids, part.attention)
             # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
             ref = None
             if self.reference is not None:
-                with torch.no_grad():
+                with torch.no_grad(), autocast(self.precision, self.device):
                     ref, _ = token_logprobs(self.reference, part.input_ids, part.attention)
             loss, metrics = grpo_loss(
                 logprobs, old, part.advantages, part.mask, self.loss_config, ref_logprobs=ref, weights=w
@@ -327,7 +333,8 @@ class Policy:
             part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id).to(
                 self.device
             )
-            logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention)
+            with autocast(self.precision, self.device):
+                logprobs, _ = token_logprobs(self.model, part.input_ids, part.attention)
             loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
             self.monitor.sample()  # activations are all held here: the micro-batch's peak
             loss.backward()

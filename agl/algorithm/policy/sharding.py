@@ -260,12 +260,14 @@ class ShardedPolicy(Policy):
     def _idle_pass(self) -> None:
         """A forward and backward with zero loss: this rank's part of the collectives of a micro-batch."""
         from agl.algorithm.policy.logprobs import token_logprobs
+        from agl.algorithm.precision import autocast
 
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
         attention = torch.ones_like(ids)
-        logprobs, _ = token_logprobs(self.model, ids, attention)
+        with autocast(self.precision, self.device):
+            logprobs, _ = token_logprobs(self.model, ids, attention)
         if self.reference is not None and self._with_reference:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(self.precision, self.device):
                 token_logprobs(self.reference, ids, attention)
             self._reshard_reference()
         (logprobs.sum() * 0.0).backward()

@@ -55,6 +55,8 @@ class SFT(Algorithm):
             lora_rank=cfg.lora_rank,
             micro_batch_tokens=cfg.micro_batch_tokens,
             activation_checkpointing=cfg.activation_checkpointing,
+            memory_budget_gb=cfg.memory_budget_gb,
+            precision=cfg.precision,
             seed=cfg.seed,
         )
 

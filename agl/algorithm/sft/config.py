@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 from agl.algorithm.memory import check_settings
+from agl.algorithm.precision import Precision, check_precision
 from agl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -59,6 +60,9 @@ class SFTConfig:
     micro_batch_tokens: int | Literal["auto"] = "auto"  # "auto": the largest that fits memory_budget_gb
     activation_checkpointing: bool | Literal["auto"] = "auto"  # "auto": on for CPU, where it is no slower
     memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
+    precision: Precision = (
+        "auto"  # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
+    )
     export_jsonl: bool = True
     # offline: train `epochs` passes on succeeded rollouts already in this store (a URL for open_store, or a
     # LightningStore) instead of generating any; chosen by min_reward/top_k_per_task, agent and finish time
@@ -83,6 +87,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         check_settings(self.micro_batch_tokens, self.memory_budget_gb)
+        check_precision(self.precision, "SFTConfig.precision")
         if self.iterations < 1 or self.samples_per_task < 1 or self.batch_size < 1:
             raise ConfigError("SFTConfig needs iterations, samples_per_task and batch_size >= 1")
         if self.epochs < 1:

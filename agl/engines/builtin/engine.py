@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from agl.algorithm.precision import autocast, resolve_precision
 from agl.engines.builtin.batch import RunningBatch, Sequence, cache_tokens, kv_bytes_per_token
 from agl.engines.builtin.embeddings import pooled
 from agl.engines.builtin.prompts import render_chat
@@ -76,6 +77,8 @@ class _Request:
 class Engine:
     """``Engine(path)`` loads a local HF model folder; ``await engine.generate(ids, params)`` samples from it.
 
+    ``precision``: matmuls in bf16 under autocast (``"bf16"``), in fp32, or ``"auto"`` (bf16 on a CPU with
+    native bf16), resolved as the trained policy resolves it (:mod:`agl.algorithm.precision`).
     ``max_batch_size`` bounds the sequences decoded together, and ``kv_cache_gb`` their KV cache (None: a
     quarter of the process's memory budget, :mod:`agl.algorithm.memory`, which a trainer in the same
     process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
@@ -95,6 +98,7 @@ class Engine:
         model_name: str | None = None,
         batch_wait_s: float = 0.005,
         kv_cache_gb: float | None = None,
+        precision: str = "auto",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -116,6 +120,7 @@ class Engine:
         self.model.to(device)  # type: ignore[arg-type]
         self.model.eval()
         self.device = device
+        self.precision = resolve_precision(precision, device)  # "auto": as the policy resolves it
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
         self.batch_wait_s = batch_wait_s
@@ -286,7 +291,7 @@ class Engine:
         self._task = None
 
     def _step(self, batch: RunningBatch, admit: list[Sequence]) -> list[Sequence]:
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.precision, self.device):
             if admit:
                 batch.add(admit)
             else:
