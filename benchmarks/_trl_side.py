@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     config = GRPOConfig(
         output_dir=args.output,
         use_cpu=True,
-        bf16=False,
+        bf16=args.bf16,
         use_vllm=False,
         report_to="none",
         per_device_train_batch_size=args.prompts * args.group,
@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--bf16", action="store_true", help="bf16=True: mixed precision (autocast) on CPU")
     parser.add_argument("--output", default="/tmp/agl-bench-trl", help="TRL's output_dir (nothing is saved)")
     parser.add_argument("--result", type=Path, default=None, help="write the JSON here instead of stdout")
     args = parser.parse_args()

@@ -11,7 +11,8 @@ rate and steps; each side a fresh process per round, rounds in alternating order
 - ``inproc``: the built-in engine called in process, spans, ``build_batch``, ``Policy.step``, weight sync
   (the same policy settings as ``fit``; the gap to ``fit`` is what the store, runners and gateway cost);
 - ``trl``: ``GRPOTrainer`` (``benchmarks/_trl_side.py``), ``use_cpu=True``, no vLLM, ``loss_type="dapo"`` (token
-  mean, as agl's default), ``beta=0``, ``gradient_checkpointing=False`` unless ``--trl-gradient-checkpointing``.
+  mean, as agl's default), ``beta=0``, ``gradient_checkpointing=False`` unless ``--trl-gradient-checkpointing``,
+  ``bf16`` as agl's precision resolves here (``--precision``; ``--trl-precision`` to set TRL's apart).
 The first step of each round is warm-up and left out. Per side: medians over the other steps of ``step_s`` (the
 side's own step time: generation + update (+ sync)) and ``wall_s`` (step start to next step start: everything the
 loop does between steps too), and of trained tokens/s (the step's prompt + completion tokens / ``step_s``); then a
@@ -122,6 +123,7 @@ def run_fit(args: argparse.Namespace, path: Path, pool: list[dict[str, Any]]) ->
         micro_batch_tokens=args.micro_batch_tokens,
         eval_every=0,  # no validation: only training steps are timed
         export_model=False,  # writing the model after the last step is not a step
+        precision=args.precision,  # the built-in engine resolves "auto" as the policy does
         seed=args.seed,
     )
     started = time.perf_counter()
@@ -185,6 +187,7 @@ async def run_inproc(
         group_size=args.group,
         lr=args.lr,
         micro_batch_tokens=args.micro_batch_tokens,
+        precision=args.precision,
         seed=args.seed,
     )
     policy = Policy(  # the policy GRPO builds in fit, from the same config
@@ -194,11 +197,12 @@ async def run_inproc(
             max_grad_norm=config.max_grad_norm,
             micro_batch_tokens=config.micro_batch_tokens,
             activation_checkpointing=config.activation_checkpointing,
+            precision=config.precision,
             seed=config.seed,
         ),
         config.loss,
     )
-    engine = Engine(path)  # the built-in engine's defaults, as fit serves it
+    engine = Engine(path, precision=config.precision)  # as fit serves it
     setup_s = time.perf_counter() - started
     steps, starts = [], []
     for step, batch_tasks in enumerate(plan):
@@ -255,6 +259,13 @@ async def run_inproc(
 
 
 # ----- one side, in its own process ---------------------------------------------------------------------------
+def trl_precision(args: argparse.Namespace) -> str:
+    """TRL's precision: ``bf16`` is its ``bf16=True`` (autocast, as agl's bf16; TRL's own default)."""
+    from agl.algorithm.precision import resolve_precision
+
+    return resolve_precision(args.precision, "cpu") if args.trl_precision == "same" else args.trl_precision
+
+
 def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Path, result: Path) -> list[str]:
     """The command line of one side's process: the shared settings, then the side's own."""
     shared = ["--steps", str(args.steps), "--prompts", str(args.prompts), "--group", str(args.group)]
@@ -270,9 +281,10 @@ def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Pat
             str(result.with_suffix(".out")),
         ]
         own += ["--gradient-checkpointing"] if args.trl_gradient_checkpointing else []
+        own += ["--bf16"] if trl_precision(args) == "bf16" else []
         return [str(args.trl_python), str(ROOT / "benchmarks" / "_trl_side.py"), *shared, *own]
     own = ["--model", args.model, "--side", side, "--pool-size", str(args.pool_size)]
-    own += ["--micro-batch-tokens", str(args.micro_batch_tokens)]
+    own += ["--micro-batch-tokens", str(args.micro_batch_tokens), "--precision", args.precision]
     return [sys.executable, str(Path(__file__).resolve()), *shared, *own]
 
 
@@ -339,6 +351,11 @@ def summarize(
     if side == "trl":
         row["versions"] = runs[0].get("versions")
         row["gradient_checkpointing"] = args.trl_gradient_checkpointing
+        row["bf16"] = trl_precision(args) == "bf16"
+    else:
+        from agl.algorithm.precision import resolve_precision
+
+        row["precision"] = resolve_precision(args.precision, "cpu")
     return row
 
 
@@ -526,6 +543,15 @@ def main() -> None:
         "--trl-python", type=Path, default=TRL_PYTHON, help="an interpreter with trl, datasets"
     )
     parser.add_argument("--trl-gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="agl's GRPOConfig.precision (auto: bf16 autocast on a CPU with native bf16)",
+    )
+    parser.add_argument(
+        "--trl-bf16", action="store_true", help="TRL with bf16=True (autocast, as agl's bf16)"
+    )
     parser.add_argument("--side-timeout", type=float, default=3600.0, help="seconds one side's run may take")
     parser.add_argument("--log-dir", default=None, help="keep each side's log here (default: a temp folder)")
     parser.add_argument("--skip-single-turn", action="store_true")
