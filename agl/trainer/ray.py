@@ -152,6 +152,14 @@ class RayLauncher:
             algorithm_task: asyncio.Future[Any] = asyncio.ensure_future(entry(ctx, train, val))
             try:
                 await asyncio.wait({algorithm_task, *runs}, return_when=asyncio.FIRST_COMPLETED)
+                if _lost_an_actor(algorithm_task):
+                    # an engine actor died, most likely with its node, and the algorithm saw it first: the
+                    # runner actors on that node end soon after, and their ends say which node was lost
+                    await asyncio.wait(
+                        runs, timeout=_RUNNER_LOSS_GRACE_S, return_when=asyncio.FIRST_EXCEPTION
+                    )
+                    if any(_lost_an_actor(r) for r in runs):
+                        await fleet.raise_lost(store, {i: r for i, r in enumerate(runs) if r.done()})
                 if not algorithm_task.done():  # a runner actor ended (or died) while the algorithm ran
                     await fleet.raise_lost(store, {i: r for i, r in enumerate(runs) if r.done()})
                 return algorithm_task.result()
@@ -232,6 +240,16 @@ class RunnerFleet:
         for actor in self.actors:
             ray.kill(actor)
         return [r for r in results if isinstance(r, dict)]
+
+
+_RUNNER_LOSS_GRACE_S = 30.0  # how long a lost engine actor's node has to show in its runner actors' ends
+
+
+def _lost_an_actor(run: asyncio.Future[Any]) -> bool:
+    """Whether ``run`` ended with a Ray actor's death (its node lost, or the actor crashed)."""
+    if not run.done() or run.cancelled() or run.exception() is None:
+        return False
+    return isinstance(run.exception(), _ray().exceptions.RayActorError)
 
 
 async def _fail_attempts(store: Any, worker_id: str | None, error: str) -> int:

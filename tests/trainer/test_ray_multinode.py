@@ -134,7 +134,8 @@ async def paced_agent(task: str, llm: agl.LLM, rollout: agl.Rollout) -> float:
         seed=zlib.crc32(rollout.rollout_id.encode()) % 1000,
     )
     await client.close()
-    await asyncio.sleep(0.6)
+    # long enough that a node kill (Ray notices it in ~1-2 s) lands before the rollout ends
+    await asyncio.sleep(2.5)
     return zlib.crc32((reply.choices[0].message.content or "").encode()) % 100 / 100
 
 
