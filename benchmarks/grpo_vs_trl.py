@@ -550,7 +550,10 @@ def main() -> None:
         help="agl's GRPOConfig.precision (auto: bf16 autocast on a CPU with native bf16)",
     )
     parser.add_argument(
-        "--trl-bf16", action="store_true", help="TRL with bf16=True (autocast, as agl's bf16)"
+        "--trl-precision",
+        choices=["same", "fp32", "bf16"],
+        default="same",
+        help="TRL's bf16 flag: same (as agl's --precision resolves here), fp32 (bf16=False) or bf16 (bf16=True)",
     )
     parser.add_argument("--side-timeout", type=float, default=3600.0, help="seconds one side's run may take")
     parser.add_argument("--log-dir", default=None, help="keep each side's log here (default: a temp folder)")
