@@ -54,9 +54,8 @@ class PolicyConfig:
     seed: int = 0
     device: str = "cpu"  # "cuda" trains on the GPU
     memory_budget_gb: float | None = None  # None: a fraction of the RAM (or VRAM) this process could have
-    precision: Precision = (
-        "auto"  # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
-    )
+    # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
+    precision: Precision = "auto"
 
 
 @dataclass

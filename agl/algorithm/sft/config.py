@@ -60,9 +60,8 @@ class SFTConfig:
     micro_batch_tokens: int | Literal["auto"] = "auto"  # "auto": the largest that fits memory_budget_gb
     activation_checkpointing: bool | Literal["auto"] = "auto"  # "auto": on for CPU, where it is no slower
     memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
-    precision: Precision = (
-        "auto"  # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
-    )
+    # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
+    precision: Precision = "auto"
     export_jsonl: bool = True
     # offline: train `epochs` passes on succeeded rollouts already in this store (a URL for open_store, or a
     # LightningStore) instead of generating any; chosen by min_reward/top_k_per_task, agent and finish time
