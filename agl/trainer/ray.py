@@ -199,8 +199,7 @@ class RunnerFleet:
             RuntimeError: an actor's run loop returned, or raised, while the algorithm still ran.
         """
         ray = _ray()
-        died = {i: run.exception() for i, run in ended.items() if not run.cancelled()}
-        died = {i: e for i, e in died.items() if isinstance(e, ray.exceptions.RayActorError)}
+        died = {i: run.exception() for i, run in ended.items() if _lost_an_actor(run)}
         if not died:
             for run in ended.values():
                 run.result()  # an actor's own error, as it raised it

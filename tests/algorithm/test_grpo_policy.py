@@ -12,12 +12,12 @@ import torch
 
 from agl.adapter import Sample, llm_calls, to_samples
 from agl.algorithm.grpo import LossConfig
-from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.model import Policy, PolicyConfig, collate
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.schemas import Span
 from tests.adapter.spans import SpanMaker
+from tests.algorithm.engine_gaps import engine_logprob_gaps
 
 
 @pytest.fixture(scope="module")
@@ -139,27 +139,9 @@ def test_an_empty_batch_is_a_clear_error(policy: Policy) -> None:
 
 
 async def test_engine_and_trainer_logprobs_agree_on_sampled_tokens(tiny: Path, policy: Policy) -> None:
-    from agl.engines.builtin import Engine, SamplingParams
+    from agl.engines.builtin import Engine
 
-    engine = Engine(tiny, max_batch_size=8)
-    prompt = engine.encode_chat([{"role": "user", "content": "What is 2 plus 3?"}])
-    gen = await engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=24, n=4, seed=7))
-    samples = [
-        Sample(
-            "r", None, tuple(prompt + c.token_ids), (0,) * len(prompt) + (1,) * len(c.token_ids), None, 0.0
-        )
-        for c in gen.choices
-    ]
-    batch = collate(samples, [0.0] * 4, [0] * 4, policy.pad_id)
-    with torch.no_grad():
-        trainer, _ = token_logprobs(policy.model, batch.input_ids, batch.attention)
-    worst = 0.0
-    for i, choice in enumerate(gen.choices):
-        n = len(choice.token_ids)
-        assert n == len(choice.logprobs) and n > 0
-        mine = trainer[i, len(prompt) - 1 : len(prompt) - 1 + n]
-        worst = max(worst, float((mine - torch.tensor(choice.logprobs)).abs().max()))
-    print(
-        f"engine vs trainer logprobs: max abs diff {worst:.2e} over {sum(len(c.token_ids) for c in gen.choices)} tokens"
-    )
+    (gap,) = await engine_logprob_gaps(Engine(tiny, max_batch_size=8), policy.model, policy.pad_id, ["fp32"])
+    worst = float(gap.max())
+    print(f"engine vs trainer logprobs: max abs diff {worst:.2e} over {gap.numel()} tokens")
     assert worst < 1e-4

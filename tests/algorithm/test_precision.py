@@ -11,12 +11,12 @@ import torch
 
 from agl.adapter import Sample
 from agl.algorithm.grpo import GRPOConfig, LossConfig
-from agl.algorithm.policy.logprobs import token_logprobs
-from agl.algorithm.policy.model import Policy, PolicyConfig, collate
-from agl.algorithm.precision import autocast, cpu_has_native_bf16, resolve_precision
+from agl.algorithm.policy.model import Policy, PolicyConfig
+from agl.algorithm.precision import cpu_has_native_bf16, resolve_precision
 from agl.algorithm.sft import SFTConfig
 from agl.errors import ConfigError
 from agl.models import tiny_model
+from tests.algorithm.engine_gaps import engine_logprob_gaps
 
 
 @pytest.fixture(scope="module")
@@ -90,31 +90,11 @@ def test_a_bf16_step_points_the_gradient_where_fp32_does_and_keeps_fp32_weights(
 
 
 async def test_a_bf16_engine_samples_with_logprobs_a_bf16_trainer_reproduces(tiny: Path) -> None:
-    from agl.engines.builtin import Engine, SamplingParams
+    from agl.engines.builtin import Engine
 
     policy = Policy(PolicyConfig(model_path=str(tiny), precision="bf16"), LossConfig())
     engine = Engine(tiny, max_batch_size=8, precision="bf16")
-    prompt = engine.encode_chat([{"role": "user", "content": "What is 2 plus 3?"}])
-    gen = await engine.generate(prompt, SamplingParams(temperature=1.0, max_tokens=24, n=4, seed=7))
-    samples = [
-        Sample(
-            "r", None, tuple(prompt + c.token_ids), (0,) * len(prompt) + (1,) * len(c.token_ids), None, 0.0
-        )
-        for c in gen.choices
-    ]
-    batch = collate(samples, [0.0] * 4, [0] * 4, policy.pad_id)
-    with torch.no_grad(), autocast("bf16", "cpu"):
-        trainer, _ = token_logprobs(policy.model, batch.input_ids, batch.attention)
-    with torch.no_grad():
-        exact, _ = token_logprobs(policy.model, batch.input_ids, batch.attention)
-    diffs, to_fp32 = [], []
-    for i, choice in enumerate(gen.choices):
-        n = len(choice.token_ids)
-        assert n == len(choice.logprobs) and n > 0
-        span = slice(len(prompt) - 1, len(prompt) - 1 + n)
-        diffs.append((trainer[i, span] - torch.tensor(choice.logprobs)).abs())
-        to_fp32.append((exact[i, span] - torch.tensor(choice.logprobs)).abs())
-    diff, off = torch.cat(diffs), torch.cat(to_fp32)
+    diff, off = await engine_logprob_gaps(engine, policy.model, policy.pad_id, ["bf16", "fp32"])
     print(
         f"bf16 engine vs bf16 trainer: mean {float(diff.mean()):.4f} max {float(diff.max()):.4f}; vs fp32 mean "
         f"{float(off.mean()):.4f}"
