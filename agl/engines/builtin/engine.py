@@ -20,6 +20,7 @@ import torch
 from agl.algorithm.precision import resolve_precision
 from agl.engines.builtin.batch import RunningBatch, Sequence, cache_tokens, kv_bytes_per_token
 from agl.engines.builtin.embeddings import pooled
+from agl.engines.builtin.matmul import use_weight_major_decode
 from agl.engines.builtin.prompts import render_chat
 from agl.engines.builtin.sampling import SamplingParams, make_generator
 from agl.engines.builtin.tools import parse_tool_calls
@@ -125,6 +126,8 @@ class Engine:
         self.model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
         self.model.to(device)  # type: ignore[arg-type]
         self.model.eval()
+        # decode multiplies a few rows by every weight: some BLASes do that far faster as W @ x.T
+        self.weight_major_decode = use_weight_major_decode(self.model)
         self.device = device
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
