@@ -24,11 +24,18 @@ CHUNK_TOKENS = 1024
 
 
 def token_logprobs(
-    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, chunk_tokens: int | None = CHUNK_TOKENS
+    model: Any,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    chunk_tokens: int | None = CHUNK_TOKENS,
+    *,
+    recompute_head: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T-1) log-probs of each next token, and the (B, T-1) entropy of the predicted distribution.
 
-    ``chunk_tokens=None`` computes them from the model's full logits (the reference path).
+    ``chunk_tokens=None`` computes them from the model's full logits (the reference path);
+    ``recompute_head=False`` keeps each chunk's logits for the backward pass instead of recomputing them
+    (faster, for micro-batches small enough to hold them).
     """
     head = model.get_output_embeddings()
     if chunk_tokens is None or not _head_is_last(model, head):
@@ -37,7 +44,8 @@ def token_logprobs(
         hidden = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # (B, T-1, H)
     batch, width, size = hidden.shape
     flat, targets = hidden.reshape(-1, size), input_ids[:, 1:].reshape(-1)
-    recompute = torch.is_grad_enabled() and (flat.requires_grad or head.weight.requires_grad)
+    needs_grad = torch.is_grad_enabled() and (flat.requires_grad or head.weight.requires_grad)
+    recompute = recompute_head and needs_grad
     taken, entropy = [], []
     for start in range(0, flat.shape[0], chunk_tokens):
         part = (
