@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -51,10 +52,26 @@ def resolve_precision(precision: str, device: str | torch.device) -> Literal["fp
         if chosen:
             if chosen not in ("fp32", "bf16"):
                 raise ConfigError(f"AGL_PRECISION must be 'fp32' or 'bf16', got {chosen!r}")
-            return "bf16" if chosen == "bf16" else "fp32"
-        kind = torch.device(device).type
-        return "bf16" if kind == "cpu" and cpu_has_native_bf16() else "fp32"
-    return "bf16" if precision == "bf16" else "fp32"
+            resolved: Literal["fp32", "bf16"] = "bf16" if chosen == "bf16" else "fp32"
+        else:
+            kind = torch.device(device).type
+            return "bf16" if kind == "cpu" and cpu_has_native_bf16() else "fp32"
+    else:
+        resolved = "bf16" if precision == "bf16" else "fp32"
+    if resolved == "bf16" and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
+        _warn_emulated_bf16()
+    return resolved
+
+
+@functools.cache
+def _warn_emulated_bf16() -> None:
+    warnings.warn(
+        "bf16 was asked for on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): "
+        "torch emulates it there, and a SmolLM2 GRPO update ran ~20x slower than in fp32; use "
+        'precision="auto" (fp32 on this CPU) or unset AGL_PRECISION',
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def autocast(

@@ -40,6 +40,26 @@ def test_auto_follows_the_cpu_and_the_environment(monkeypatch: pytest.MonkeyPatc
         resolve_precision("auto", "cpu")
 
 
+def test_bf16_on_a_cpu_without_it_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from agl.algorithm import precision
+
+    monkeypatch.delenv("AGL_PRECISION", raising=False)
+    precision._warn_emulated_bf16.cache_clear()
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    with pytest.warns(RuntimeWarning, match="CPU without native bf16.*20x slower"):
+        assert resolve_precision("bf16", "cpu") == "bf16"  # still what was asked for
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve_precision("bf16", "cpu")  # once per process
+        resolve_precision("auto", "cpu")  # auto never picks emulated bf16
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+        precision._warn_emulated_bf16.cache_clear()
+        resolve_precision("bf16", "cpu")  # native: no warning
+    precision._warn_emulated_bf16.cache_clear()
+
+
 def test_a_bad_precision_names_the_field(tiny: Path) -> None:
     with pytest.raises(ConfigError, match=r"GRPOConfig\.precision must be one of .*got 'fp16'"):
         GRPOConfig(model_path=str(tiny), precision="fp16")  # type: ignore[arg-type]
