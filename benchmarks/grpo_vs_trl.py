@@ -8,6 +8,9 @@ Part 1, single turn, three sides on the same model, prompts, reward, group size,
 rate and steps; each side a fresh process per round, rounds in alternating order (reversed every other round):
 - ``fit``: ``agl.Trainer(algorithm=agl.GRPO(...)).fit(agent, tasks)`` with an ``@agl.rollout`` agent calling the
   model through the openai SDK: store, runners, gateway and built-in engine, exactly what a user runs;
+- ``fit_async``: the same with ``GRPOConfig(async_rollouts=True, max_staleness=1)``: step n+1's rollouts are
+  generated while step n trains (one weight version off-policy at most); its last step has nothing left to
+  overlap with, so it is left out of the medians like the first;
 - ``inproc``: the built-in engine called in process, spans, ``build_batch``, ``Policy.step``, weight sync
   (the same policy settings as ``fit``; the gap to ``fit`` is what the store, runners and gateway cost);
 - ``trl``: ``GRPOTrainer`` (``benchmarks/_trl_side.py``), ``use_cpu=True``, no vLLM, ``loss_type="dapo"`` (token
@@ -50,7 +53,7 @@ from agl import semconv as sc  # noqa: E402
 from agl.schemas import Rollout, RolloutStatus, Span  # noqa: E402
 from benchmarks._trl_side import reward_text  # noqa: E402
 
-SIDES = ("fit", "inproc", "trl")
+SIDES = ("fit_async", "fit", "inproc", "trl")
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 
 
@@ -89,8 +92,12 @@ def _walls(starts: list[float], last_step_s: float) -> list[float]:
 
 
 # ----- agl through Trainer.fit --------------------------------------------------------------------------------
-def run_fit(args: argparse.Namespace, path: Path, pool: list[dict[str, Any]]) -> dict[str, Any]:
-    """``Trainer.fit`` on ``pool`` as a user calls it; the agent records when each rollout began and its tokens."""
+def run_fit(
+    args: argparse.Namespace, path: Path, pool: list[dict[str, Any]], overlap: bool = False
+) -> dict[str, Any]:
+    """``Trainer.fit`` on ``pool`` as a user calls it; the agent records when each rollout began and its tokens.
+
+    ``overlap``: async rollouts, one step ahead of training."""
     import openai
 
     import agl
@@ -125,6 +132,8 @@ def run_fit(args: argparse.Namespace, path: Path, pool: list[dict[str, Any]]) ->
         export_model=False,  # writing the model after the last step is not a step
         precision=args.precision,  # the built-in engine resolves "auto" as the policy does
         seed=args.seed,
+        async_rollouts=overlap,
+        max_staleness=1,
     )
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agl-bench-fit-") as out:
@@ -316,11 +325,18 @@ def _median(values: list[Any]) -> float | None:
     return round(statistics.median(present), 3) if present else None
 
 
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 3) if values else None
+
+
 def summarize(
     side: str, args: argparse.Namespace, runs: list[dict[str, Any]], plan: list[Any]
 ) -> dict[str, Any]:
     """Medians over every round's steps but the first (warm-up); counts what differs between the sides."""
-    steady = [s for run in runs for s in run["steps"][1:]] or [s for run in runs for s in run["steps"]]
+    # fit_async: its last step overlaps nothing, and a step that finds its rollouts done is short while the
+    # next waits longer, so its per-step figure is the mean period (total time / steps), not a median
+    end = -1 if side == "fit_async" and args.steps > 2 else None
+    steady = [s for run in runs for s in run["steps"][1:end]] or [s for run in runs for s in run["steps"]]
     expected = [sorted(t["id"] for t in step) for step in plan]
     row: dict[str, Any] = {
         "bench": "grpo_single_turn",
@@ -332,9 +348,13 @@ def summarize(
         "rounds": len(runs),
         "steps_per_round": args.steps,
         "steady_steps": len(steady),
-        "step_s": _median([s["step_s"] for s in steady]),
+        "step_s": _median([s["step_s"] for s in steady])
+        if end is None
+        else _mean([s["step_s"] for s in steady]),
         "wall_s": _median([s.get("wall_s") for s in steady]),
-        "trained_tokens_per_s": _median([s["tokens"] / s["step_s"] for s in steady]),
+        "trained_tokens_per_s": _median([s["tokens"] / s["step_s"] for s in steady])
+        if end is None
+        else round(sum(s["tokens"] for s in steady) / sum(s["step_s"] for s in steady), 3),
         "tokens_per_step": _median([s["tokens"] for s in steady]),
         "samples_per_step": _median([s["samples"] for s in steady]),
         "steps_without_update": sum(1 for s in steady if s["samples"] == 0),
@@ -526,7 +546,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--sides", type=_sides, default=list(SIDES), help="comma-separated: fit,inproc,trl")
+    parser.add_argument(
+        "--sides", type=_sides, default=list(SIDES), help="comma-separated: fit_async,fit,inproc,trl"
+    )
     parser.add_argument(
         "--steps", type=int, default=4, help="steps per side and round (the first is warm-up)"
     )
@@ -566,7 +588,9 @@ def main() -> None:
     parser.add_argument("--tool-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="append one JSON line per measurement")
-    parser.add_argument("--side", choices=["fit", "inproc"], help=argparse.SUPPRESS)  # a side's own process
+    parser.add_argument(
+        "--side", choices=["fit_async", "fit", "inproc"], help=argparse.SUPPRESS
+    )  # a side's own process
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name in ("steps", "rounds", "prompts", "group", "max_tokens", "pool_size", "threads"):
@@ -592,7 +616,10 @@ def main() -> None:
     if args.side is not None:  # one side's process: run it, hand its steps back through --result
         pool = make_pool(args.pool_size, args.seed)
         plan = plan_steps(pool, args.steps, args.prompts, args.seed)
-        got = run_fit(args, path, pool) if args.side == "fit" else asyncio.run(run_inproc(args, path, plan))
+        if args.side == "inproc":
+            got = asyncio.run(run_inproc(args, path, plan))
+        else:
+            got = run_fit(args, path, pool, overlap=args.side == "fit_async")
         args.result.write_text(json.dumps(got))
         return
     ok = True

@@ -119,8 +119,15 @@ async def run_fit(trainer: FitSettings, agent: LitAgent, train: Sequence[Any], v
             log.info("Trainer.fit starts no runner: external runners (agl runner) must serve the store")
             return await entry(ctx, train, val)
         # Ctrl-C interrupts the whole fit (asyncio cancels it); the exit stack then stops everything
+        # idle polls back off to 0.1 s, not the runner's default 1 s: the algorithm enqueues a step's rollouts
+        # right after its update, and a long back-off would leave them queued for up to a second every step
         runner = Runner(
-            agent, store, max_concurrency=trainer.n_runners, poll_interval_s=0.02, handle_signals=False
+            agent,
+            store,
+            max_concurrency=trainer.n_runners,
+            poll_interval_s=0.02,
+            max_poll_interval_s=0.1,
+            handle_signals=False,
         )
         runner_task = asyncio.create_task(runner.run())
 
