@@ -121,3 +121,30 @@ def test_adamw_is_fused_on_cpu_and_steps_as_the_plain_one(tiny: Path) -> None:
         torch.testing.assert_close(p.detach(), twin.detach(), rtol=1e-6, atol=1e-7)
         moved = max(moved, float((twin.detach() - old).abs().max()))
     assert moved > 1e-4  # the step moved the weights (lr 1e-3, Adam's first step is ~lr per weight)
+
+
+@pytest.mark.parametrize("chunk_tokens", [64, None])  # the chunked head, and the full-logits path
+def test_the_head_on_loss_positions_only_gives_their_logprobs_and_gradient(
+    tiny: Path, chunk_tokens: int | None
+) -> None:
+    policy = Policy(PolicyConfig(model_path=str(tiny), lr=0.0, activation_checkpointing=False), LossConfig())
+    torch.manual_seed(1)
+    ids = torch.randint(3, 1024, (3, 40))
+    attention = torch.ones_like(ids)
+    only = torch.zeros(3, 39, dtype=torch.bool)
+    only[0, 20:] = only[1, 5:9] = only[2, 30:] = True
+    results = []
+    for subset in (None, only):
+        policy.model.zero_grad(set_to_none=True)
+        logprobs, entropy = token_logprobs(
+            policy.model, ids, attention, chunk_tokens=chunk_tokens, only=subset
+        )
+        (logprobs * only).sum().backward()
+        grads = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+        results.append((logprobs.detach(), entropy, grads))
+    (full, full_entropy, full_grads), (part, part_entropy, part_grads) = results
+    torch.testing.assert_close(part[only], full[only], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part_entropy[only], full_entropy[only], rtol=1e-5, atol=1e-6)
+    assert bool((part[~only] == 0).all()) and bool((full[~only] != 0).all())
+    for name in full_grads:
+        torch.testing.assert_close(part_grads[name], full_grads[name], rtol=1e-4, atol=1e-7, msg=name)

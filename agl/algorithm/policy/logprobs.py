@@ -30,20 +30,31 @@ def token_logprobs(
     chunk_tokens: int | None = CHUNK_TOKENS,
     *,
     recompute_head: bool = True,
+    only: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T-1) log-probs of each next token, and the (B, T-1) entropy of the predicted distribution.
 
     ``chunk_tokens=None`` computes them from the model's full logits (the reference path);
     ``recompute_head=False`` keeps each chunk's logits for the backward pass instead of recomputing them
-    (faster, for micro-batches small enough to hold them).
+    (faster, for micro-batches small enough to hold them). ``only``: a (B, T-1) mask of the positions
+    wanted (the loss's); the head runs on those alone, and the others come back as 0.
     """
     head = model.get_output_embeddings()
     if chunk_tokens is None or not _head_is_last(model, head):
-        return _from_full_logits(model, input_ids, attention)
+        taken, entropy = _from_full_logits(model, input_ids, attention)
+        if only is None:
+            return taken, entropy
+        return taken * only, entropy * only
     with _bypassed(head):
         hidden = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # (B, T-1, H)
     batch, width, size = hidden.shape
     flat, targets = hidden.reshape(-1, size), input_ids[:, 1:].reshape(-1)
+    index = None
+    if only is not None and bool(only.any()):
+        # prompt and tool tokens carry no loss: the (positions x vocabulary) head is most of the step's
+        # compute left for them, so it skips them
+        index = only.reshape(-1).nonzero().squeeze(-1)
+        flat, targets = flat.index_select(0, index), targets.index_select(0, index)
     needs_grad = torch.is_grad_enabled() and (flat.requires_grad or head.weight.requires_grad)
     recompute = recompute_head and needs_grad
     taken, entropy = [], []
@@ -60,7 +71,11 @@ def token_logprobs(
             chunk_taken, chunk_entropy = _chunk(*part)
         taken.append(chunk_taken)
         entropy.append(chunk_entropy)
-    return torch.cat(taken).view(batch, width), torch.cat(entropy).view(batch, width)
+    all_taken, all_entropy = torch.cat(taken), torch.cat(entropy)
+    if index is not None:
+        all_taken = all_taken.new_zeros(batch * width).index_copy(0, index, all_taken)
+        all_entropy = all_entropy.new_zeros(batch * width).index_copy(0, index, all_entropy)
+    return all_taken.view(batch, width), all_entropy.view(batch, width)
 
 
 def _chunk(

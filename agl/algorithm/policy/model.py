@@ -298,14 +298,16 @@ class Policy:
                 autocast(self.precision, self.device),
             ):
                 logprobs, entropy = token_logprobs(
-                    self.model, part.input_ids, part.attention, recompute_head=recompute
+                    self.model, part.input_ids, part.attention, recompute_head=recompute, only=part.mask > 0
                 )
             # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
             ref = None
             if self.reference is not None:
                 with torch.no_grad(), autocast(self.precision, self.device):
-                    ref, _ = token_logprobs(self.reference, part.input_ids, part.attention)
+                    ref, _ = token_logprobs(
+                        self.reference, part.input_ids, part.attention, only=part.mask > 0
+                    )
             loss, metrics = grpo_loss(
                 logprobs, old, part.advantages, part.mask, self.loss_config, ref_logprobs=ref, weights=w
             )
@@ -370,7 +372,7 @@ class Policy:
                 autocast(self.precision, self.device),
             ):
                 logprobs, _ = token_logprobs(
-                    self.model, part.input_ids, part.attention, recompute_head=recompute
+                    self.model, part.input_ids, part.attention, recompute_head=recompute, only=part.mask > 0
                 )
             loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
             self.monitor.sample()  # activations are all held here: the micro-batch's peak
