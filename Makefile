@@ -60,7 +60,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check agl tests benchmarks examples
 
 typecheck: $(STAMP)
-	$(BIN)/mypy agl
+	$(BIN)/mypy agl tests
 
 pytest: test-deps
 	AGL_REQUIRE_ALL=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25

@@ -18,7 +18,7 @@ import secrets
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from agl import semconv as sc
 from agl.errors import AgentError
@@ -220,10 +220,18 @@ def agent_scope(name: str) -> Iterator[None]:
         yield
 
 
+class OperationScope(Protocol):
+    """What ``operation("name")`` returns: a context manager yielding the handle, and a decorator."""
+
+    def __enter__(self) -> _Operation: ...
+    def __exit__(self, *exc: Any) -> bool: ...
+    def __call__(self, fn: F) -> F: ...
+
+
 @overload
 def operation(name: F) -> F: ...
 @overload
-def operation(name: str | None = None, **inputs: Any) -> Any: ...
+def operation(name: str | None = None, **inputs: Any) -> OperationScope: ...
 def operation(name: Any = None, **inputs: Any) -> Any:
     """Record a unit of work (inputs, output, error, duration) as a span; nested spans become its children.
 

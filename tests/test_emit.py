@@ -51,8 +51,8 @@ def test_message_object_exception_annotation() -> None:
         agl.emit_object({"plan": [1, 2], "obj": object()})
         try:
             raise ValueError("bad tool input")
-        except ValueError as exc:
-            agl.emit_exception(exc)
+        except ValueError as error:
+            agl.emit_exception(error)
         agl.emit_annotation({"judge": "gpt"}, links=["a" * 16])
     message, obj, exc, note = ctx.buffer.take()
     assert message.attributes[sc.MESSAGE_TEXT] == "looks wrong" and message.attributes[sc.TAGS] == [

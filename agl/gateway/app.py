@@ -26,7 +26,7 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]
 _JSON = [(b"content-type", b"application/json")]
 _MAX_BODY = 64 * 1024 * 1024
 #: on shutdown, how long recorded spans may still wait for an unreachable store before they count failed

@@ -40,6 +40,7 @@ from agl.schemas import (
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_StoreT = TypeVar("_StoreT", bound="LightningStore")
 Clock = Callable[[], float]
 RolloutOrder = Literal["created_at", "updated_at", "rollout_id"]
 
@@ -559,7 +560,7 @@ class LightningStore(ABC):
             task.get_loop().call_soon_threadsafe(task.cancel)
         self._watchdog_task = None
 
-    async def __aenter__(self) -> LightningStore:
+    async def __aenter__(self: _StoreT) -> _StoreT:
         await self.start()
         return self
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 import agl
 from examples.apo.simulated_lm import CATALOG_CENTS, LOOKUP_TOOL, grade
@@ -24,8 +25,10 @@ async def price_agent(task: dict[str, Any], llm: agl.LLM, prompt: agl.PromptTemp
     try:
         for _ in range(3):
             response = await client.chat.completions.create(
-                model=llm.model, messages=messages, tools=[LOOKUP_TOOL]
-            )  # type: ignore[arg-type]
+                model=llm.model,
+                messages=cast("list[ChatCompletionMessageParam]", messages),
+                tools=[cast("ChatCompletionToolParam", LOOKUP_TOOL)],
+            )
             message = response.choices[0].message
             if not message.tool_calls:
                 reply = message.content or ""

@@ -46,7 +46,7 @@ RULES: dict[str, tuple[str, str, str]] = {
 BASIC_RULES = ("format", "tool", "trap")
 BULK_UNITS, BULK_FACTOR, TAX_FACTOR = 10, 0.9, 1.08
 
-LOOKUP_TOOL = {
+LOOKUP_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "lookup",

@@ -6,21 +6,28 @@ import ast
 import json
 import operator
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 import agl
 
 SYSTEM = "Call the calculator with the arithmetic expression, then reply 'Answer: ' and the result."
-CALCULATOR = {
+CALCULATOR: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "calculator",
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
     },
 }
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_OPS: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 
 
 def calculate(expression: str) -> str:
@@ -63,10 +70,10 @@ async def calc_agent(task: dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -
         for _ in range(3):
             response = await client.chat.completions.create(
                 model=llm.model,
-                messages=messages,
-                tools=[CALCULATOR],
+                messages=cast("list[ChatCompletionMessageParam]", messages),
+                tools=[cast("ChatCompletionToolParam", CALCULATOR)],
                 max_tokens=40,
-                **sampling,  # type: ignore[arg-type]
+                **sampling,
             )
             message = response.choices[0].message
             if not message.tool_calls:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from agl import semconv as sc
@@ -34,18 +35,19 @@ class SpanMaker:
         response_id: str | None = None,
         source: str = "gateway",
         parent: Span | None = None,
-        **extra: Any,
+        attrs: Mapping[str, Any] | None = None,
     ) -> Span:
-        attrs: dict[str, Any] = {
+        """A model call span; ``attrs`` adds or overrides attributes (semconv keys are dotted, so not keywords)."""
+        attributes: dict[str, Any] = {
             sc.LLM_API: "chat.completions",
             sc.LLM_PROMPT_TOKEN_IDS: prompt,
             sc.LLM_COMPLETION_TOKEN_IDS: response,
             sc.LLM_LOGPROBS: logprobs if logprobs is not None else [-0.5] * len(response),
             sc.LLM_RESPONSE_ID: response_id or f"resp-{self.seq + 1}",
             sc.LLM_SOURCE: source,
-            **extra,
+            **(attrs or {}),
         }
-        return self.span(sc.SPAN_LLM_CALL, attrs, parent)
+        return self.span(sc.SPAN_LLM_CALL, attributes, parent)
 
     def reward(self, value: float, response_id: str | None = None) -> Span:
         attrs: dict[str, Any] = {sc.REWARD_VALUE: value}

@@ -12,10 +12,10 @@ def test_a_gateway_call_takes_the_agent_of_its_traced_twin() -> None:
     m = SpanMaker()
     scope = m.span("writer", {sc.AGENT_NAME: "writer"})
     traced = m.call(
-        [], [], response_id="r1", source="openinference", parent=scope, **{sc.AGENT_NAME: "writer"}
+        [], [], response_id="r1", source="openinference", parent=scope, attrs={sc.AGENT_NAME: "writer"}
     )
     gateway = m.call([1, 2], [3], response_id="r1")
-    other = m.call([5], [6], response_id="r2", **{sc.AGENT_NAME: "critic"})
+    other = m.call([5], [6], response_id="r2", attrs={sc.AGENT_NAME: "critic"})
     calls = llm_calls([scope, traced, gateway, other])
     assert [c.span_id for c in calls] == [gateway.span_id, other.span_id]  # the gateway record wins
     assert [c.agent_name for c in calls] == ["writer", "critic"]

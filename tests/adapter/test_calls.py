@@ -12,8 +12,8 @@ from tests.adapter.spans import SpanMaker
 def test_filter_by_agent_tag_exact_and_regex() -> None:
     m = SpanMaker()
     spans = [
-        m.call([1], [2], **{sc.AGENT_NAME: "planner"}),
-        m.call([3], [4], **{sc.AGENT_NAME: "coder-1"}),
+        m.call([1], [2], attrs={sc.AGENT_NAME: "planner"}),
+        m.call([3], [4], attrs={sc.AGENT_NAME: "coder-1"}),
         m.call([5], [6]),
     ]
     calls = llm_calls(spans)
@@ -40,11 +40,11 @@ def test_messages_keep_tool_calls_and_the_final_reply() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "4"},
     ]
     spans = [
-        m.call([1], [2], **{sc.LLM_REQUEST_MESSAGES: history[:1]}),
+        m.call([1], [2], attrs={sc.LLM_REQUEST_MESSAGES: history[:1]}),
         m.call(
             [1, 2, 3],
             [4],
-            **{
+            attrs={
                 sc.LLM_REQUEST_MESSAGES: history,
                 sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": "Answer: 4", "tool_calls": None},
             },
@@ -91,7 +91,7 @@ def test_messages_keep_tool_calls_of_the_final_reply() -> None:
         m.call(
             [1],
             [2],
-            **{
+            attrs={
                 sc.LLM_REQUEST_MESSAGES: [{"role": "user", "content": "find x"}],
                 sc.LLM_RESPONSE_MESSAGE: reply,
             },

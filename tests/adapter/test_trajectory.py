@@ -163,7 +163,7 @@ def test_a_per_call_reward_on_the_last_merged_call_covers_the_whole_trajectory()
 
 def test_group_id_and_model_version_travel_with_the_sample() -> None:
     m = SpanMaker()
-    spans = [m.call([1], [2], **{sc.LLM_MODEL_VERSION: "v3"})]
+    spans = [m.call([1], [2], attrs={sc.LLM_MODEL_VERSION: "v3"})]
     samples, _ = to_samples(llm_calls(spans), 1.0, group_id="g1")
     assert samples[0].group_id == "g1" and samples[0].model_version == "v3"
 

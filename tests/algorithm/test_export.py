@@ -49,7 +49,7 @@ def _logits(model: Any, ids: list[int] = PROMPT) -> torch.Tensor:
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids])).logits[0].float()
+        out: torch.Tensor = model(input_ids=torch.tensor([ids])).logits[0].float()
     model.train(was_training)
     return out
 

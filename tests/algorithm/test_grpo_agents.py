@@ -77,7 +77,9 @@ def done(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[Rollo
 
 
 def _batch(done: list[tuple[Rollout, list[Span]]], **config: Any) -> Any:
-    assert all(r.status.value == "succeeded" for r, _ in done), [r.error for r, _ in done]
+    assert all(r.status.value == "succeeded" for r, _ in done), [
+        (r.rollout_id, r.status.value) for r, _ in done
+    ]
     spans = {r.rollout_id: s for r, s in done}
     return build_batch([r for r, _ in done], spans, GRPOConfig(model_path="unused", group_size=2, **config))
 

@@ -34,7 +34,7 @@ def _calls(rid: str, *versions: str | None) -> list[Span]:
     spans = []
     for v in versions:
         extra = {} if v is None else {sc.LLM_MODEL_VERSION: v}
-        spans.append(m.call([1, 2], [3], **extra))
+        spans.append(m.call([1, 2], [3], attrs=extra))
     return [*spans, m.reward(1.0)]
 
 
@@ -159,7 +159,7 @@ async def low_ids_agent(task: str, llm: agl.LLM) -> float:
         model=llm.model, messages=[{"role": "user", "content": task}], max_tokens=8
     )
     await client.close()
-    ids = (reply.choices[0].model_extra or {}).get("token_ids")
+    ids: list[int] | None = (reply.choices[0].model_extra or {}).get("token_ids")
     assert ids, "the built-in engine returns each choice's token_ids; the gateway must pass them through"
     return sum(t < TARGET for t in ids) / len(ids)
 

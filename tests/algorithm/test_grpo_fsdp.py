@@ -118,7 +118,7 @@ def test_fsdp_lora_kl_and_sft_steps_equal_one_process(tmp_path: Path) -> None:
     )
     loss = LossConfig(kl_coef=0.1)
     batch = _batch()
-    samples, advantages, index = (part[:5] for part in batch)  # odd: the ranks get 3 and 2
+    samples, advantages, index = batch[0][:5], batch[1][:5], batch[2][:5]  # odd: the ranks get 3 and 2
     others = batch[0][5:9]
     counts = [len(s) for s in shard([len(s.input_ids) for s in samples], 2)]
     assert counts[0] != counts[1], counts  # uneven micro-batch counts: the idle passes run

@@ -23,7 +23,7 @@ def _rollout(rid: str, group: str, status: RolloutStatus = RolloutStatus.SUCCEED
 
 def _simple(rid: str, reward: float, *, prompt_len: int = 3, **call_attrs: object) -> list[Span]:
     m = SpanMaker(rollout_id=rid)
-    return [m.call(list(range(10, 10 + prompt_len)), [7, 8], **call_attrs), m.reward(reward)]
+    return [m.call(list(range(10, 10 + prompt_len)), [7, 8], attrs=call_attrs), m.reward(reward)]
 
 
 def test_build_batch_drops_failed_rollouts_and_zero_variance_groups_and_counts_them() -> None:
@@ -74,8 +74,8 @@ def test_build_batch_trains_only_the_chosen_agent() -> None:
     for rid, reward in (("d1", 1.0), ("d2", 0.0)):
         m = SpanMaker(rollout_id=rid)
         spans[rid] = [
-            m.call([1, 2], [3], **{sc.AGENT_NAME: "planner"}),
-            m.call([9], [4, 5], **{sc.AGENT_NAME: "critic"}),
+            m.call([1, 2], [3], attrs={sc.AGENT_NAME: "planner"}),
+            m.call([9], [4, 5], attrs={sc.AGENT_NAME: "critic"}),
             m.reward(reward),
         ]
     rollouts = [_rollout(r, "gd") for r in spans]
@@ -127,7 +127,10 @@ async def _sample_step(
             rewards.append(reward)
             spans[rid] = [
                 m.call(
-                    gen.prompt_token_ids, c.token_ids, c.logprobs, **{sc.LLM_MODEL_VERSION: gen.model_version}
+                    gen.prompt_token_ids,
+                    c.token_ids,
+                    c.logprobs,
+                    attrs={sc.LLM_MODEL_VERSION: gen.model_version},
                 ),
                 m.reward(reward),
             ]

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
 from agl.algorithm.policy.logprobs import token_logprobs
 from agl.models import tiny_model
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +30,9 @@ def _batch(vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, attention
 
 
-def _values_and_grads(model: torch.nn.Module, chunk_tokens: int | None) -> tuple[torch.Tensor, ...]:
+def _values_and_grads(
+    model: PreTrainedModel | PeftModel, chunk_tokens: int | None
+) -> tuple[torch.Tensor, ...]:
     model.zero_grad()
     ids, attention = _batch(model.config.vocab_size)
     taken, entropy = token_logprobs(model, ids, attention, chunk_tokens=chunk_tokens)

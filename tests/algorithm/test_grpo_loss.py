@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -90,7 +91,7 @@ def ref_loss_and_grad(
     return loss, grad
 
 
-def _t(rows: list[list[float]] | list[float] | list[int], dtype: torch.dtype = torch.float64) -> torch.Tensor:
+def _t(rows: Sequence[Sequence[float]] | Sequence[float], dtype: torch.dtype = torch.float64) -> torch.Tensor:
     return torch.tensor(rows, dtype=dtype)
 
 

@@ -62,7 +62,7 @@ def test_samples_mask_only_the_assistant_turns(policy: Policy) -> None:
     assert "Answer: 42" in tok.decode(
         [t for t, m in zip(second.input_ids, second.loss_mask, strict=True) if m]
     )
-    assert "TOOL-OUTPUT-42" in tok.decode(second.input_ids)
+    assert "TOOL-OUTPUT-42" in tok.decode(list(second.input_ids))
     assert second.input_ids[-1] == tok.eos_token_id and second.loss_mask[-1] == 1
 
 
@@ -82,7 +82,9 @@ def test_tool_output_tokens_carry_no_gradient(policy: Policy) -> None:
     logprobs, _ = token_logprobs(policy.model, batch.input_ids, batch.attention)
     handle.remove()
     sft_loss(logprobs, batch.mask).backward()
-    grad = captured["logits"].grad[0, :-1]  # (T-1, V): position t predicts token t+1
+    logits_grad = captured["logits"].grad
+    assert logits_grad is not None
+    grad = logits_grad[0, :-1]  # (T-1, V): position t predicts token t+1
     masked = batch.mask[0] == 0
     assert torch.count_nonzero(grad[masked]) == 0
     assert torch.count_nonzero(grad[~masked]) > 0

@@ -135,7 +135,9 @@ def test_sft_trains_offline_from_the_store_without_new_rollouts(earlier_run: Pat
     logprobs, _ = token_logprobs(sft.policy.model, batch.input_ids, batch.attention)
     handle.remove()
     sft_loss(logprobs, batch.mask).backward()
-    grad = captured["logits"].grad[0, :-1]  # position t predicts token t+1
+    logits_grad = captured["logits"].grad
+    assert logits_grad is not None
+    grad = logits_grad[0, :-1]  # position t predicts token t+1
     carries = grad.abs().sum(-1) > 0
     assert torch.equal(carries, batch.mask[0] > 0) and int(carries.sum()) == sample.num_model_tokens
     sft.policy.model.zero_grad(set_to_none=True)
@@ -167,7 +169,7 @@ async def _finish(
     assert claimed is not None and claimed.rollout.rollout_id == rollout.rollout_id
     maker = SpanMaker(rollout.rollout_id, claimed.attempt.attempt_id)
     extra = {} if agent is None else {sc.AGENT_NAME: agent}
-    spans: list[Span] = [maker.call([1, 2, 3], [7, 8], **extra), maker.reward(reward)]
+    spans: list[Span] = [maker.call([1, 2, 3], [7, 8], attrs=extra), maker.reward(reward)]
     await store.add_spans(spans)
     clock.now = at
     status = AttemptStatus.SUCCEEDED if ok else AttemptStatus.FAILED

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam
 
 import agl
 from agl.dashboard import mount_dashboard
@@ -36,7 +37,7 @@ API_KEY = "sk-never-shown"
 PROMPT_V1 = "You are a shop assistant.\nAnswer briefly."
 PROMPT_V2 = "You are a shop assistant.\nUse the lookup tool for every price.\nAnswer briefly."
 CRITIQUE = "Answers guessed prices: the prompt never says to use the lookup tool."
-TOOLS = [
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -91,6 +92,7 @@ async def shop_agent(task: dict[str, Any], llm: LLM, prompt: PromptTemplate) -> 
         reply = first.choices[0].message
         if reply.tool_calls:
             call = reply.tool_calls[0]
+            assert call.type == "function"  # the only kind of tool offered
             result = lookup(json.loads(call.function.arguments).get("item", "?"))
             messages += [
                 reply.model_dump(exclude_none=True),

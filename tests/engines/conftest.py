@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TOOLS = [
+# plain chat dicts, as Engine.encode_chat and HF chat templates take them (SDK tests cast them)
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
@@ -23,7 +25,7 @@ TOOLS = [
         },
     }
 ]
-TOOL_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+TOOL_MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOL_REPLY = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
@@ -40,7 +42,8 @@ def tool_model_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_path)
+    # Any, as Engine.tokenizer is: HF's stubs type chat messages as str-only dicts
+    tok: Any = AutoTokenizer.from_pretrained(tiny_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_path)
     prompt = tok.apply_chat_template(TOOL_MESSAGES, tools=TOOLS, tokenize=False, add_generation_prompt=True)
     p_ids = tok(prompt, add_special_tokens=False)["input_ids"]

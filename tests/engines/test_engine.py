@@ -168,7 +168,7 @@ async def test_lora_update_applies_to_base(tiny_path: Path, tmp_path: Path) -> N
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
-    peft_model.save_pretrained(tmp_path / "adapter")
+    peft_model.save_pretrained(str(tmp_path / "adapter"))
     assert await engine.update_weights(tmp_path / "adapter") == "v1"
     first = await engine.generate(ids, GREEDY)
     assert first.model_version == "v1" and first.choices[0].token_ids != base

@@ -5,16 +5,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from agl.engines.builtin.server import EngineServer
 
 from .conftest import TOOL_MESSAGES, TOOLS
 
-HELLO = [{"role": "user", "content": "Hello there"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello there"}]
+# the conftest chat dicts as the openai SDK types them
+SDK_TOOL_MESSAGES = cast("list[ChatCompletionMessageParam]", TOOL_MESSAGES)
+SDK_TOOLS = cast("list[ChatCompletionToolParam]", TOOLS)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +44,7 @@ def test_sync_chat_carries_token_fidelity_fields(client: openai.OpenAI, server: 
         model="tiny", messages=HELLO, max_tokens=6, temperature=0.7, seed=3, n=2
     )
     raw = resp.model_dump()
-    assert raw["prompt_token_ids"] == server.engine.encode_chat(HELLO)
+    assert raw["prompt_token_ids"] == server.engine.encode_chat(cast("list[dict[str, Any]]", HELLO))
     assert raw["model_version"] == server.engine.model_version
     assert len(resp.choices) == 2 and resp.usage is not None
     for choice in raw["choices"]:
@@ -65,11 +70,17 @@ async def test_async_client_and_top_logprobs(server: EngineServer) -> None:
 
 
 def test_streaming_matches_non_streaming(client: openai.OpenAI) -> None:
-    kwargs = {"model": "tiny", "messages": HELLO, "max_tokens": 10, "temperature": 1.0, "seed": 9}
-    full = client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    kwargs: dict[str, Any] = {
+        "model": "tiny",
+        "messages": HELLO,
+        "max_tokens": 10,
+        "temperature": 1.0,
+        "seed": 9,
+    }
+    full = client.chat.completions.create(**kwargs)
     chunks = list(
         client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
-    )  # type: ignore[call-overload]
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     ids = [t for c in chunks if c.choices for t in c.model_dump()["choices"][0]["token_ids"]]
     assert text == full.choices[0].message.content
@@ -97,26 +108,32 @@ def test_tool_calls_through_sdk_after_weights_endpoint(tiny_path: Path, tool_mod
     with EngineServer(tiny_path) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
         before = client.chat.completions.create(
-            model="m", messages=TOOL_MESSAGES, tools=TOOLS, max_tokens=30, temperature=0
-        )  # type: ignore[arg-type]
+            model="m", messages=SDK_TOOL_MESSAGES, tools=SDK_TOOLS, max_tokens=30, temperature=0
+        )
         assert before.model_dump()["model_version"] == "v0"
         resp = httpx.post(f"{srv.base_url}/weights", json={"path": str(tool_model_path), "version": "step-1"})
         assert resp.status_code == 200 and resp.json() == {"model_version": "step-1"}
         after = client.chat.completions.create(
-            model="m", messages=TOOL_MESSAGES, tools=TOOLS, max_tokens=60, temperature=0
-        )  # type: ignore[arg-type]
+            model="m", messages=SDK_TOOL_MESSAGES, tools=SDK_TOOLS, max_tokens=60, temperature=0
+        )
         assert after.model_dump()["model_version"] == "step-1"
         choice = after.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
         call = choice.message.tool_calls[0]
+        assert call.type == "function"
         assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {
             "city": "Paris"
-        }  # type: ignore[union-attr]
+        }
         chunks = list(
             client.chat.completions.create(
-                model="m", messages=TOOL_MESSAGES, tools=TOOLS, max_tokens=60, temperature=0, stream=True
+                model="m",
+                messages=SDK_TOOL_MESSAGES,
+                tools=SDK_TOOLS,
+                max_tokens=60,
+                temperature=0,
+                stream=True,
             )
-        )  # type: ignore[arg-type]
+        )
         deltas = [c.choices[0].delta for c in chunks if c.choices]
         assert any(d.tool_calls for d in deltas) and not any(d.content for d in deltas)
         assert deltas[-1].tool_calls[0].function.name == "get_weather"  # type: ignore[index, union-attr]
@@ -124,7 +141,8 @@ def test_tool_calls_through_sdk_after_weights_endpoint(tiny_path: Path, tool_mod
             choice.message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
         ]
-        reply = client.chat.completions.create(model="m", messages=follow, tools=TOOLS, max_tokens=3)  # type: ignore[arg-type]
+        sdk_follow = cast("list[ChatCompletionMessageParam]", follow)
+        reply = client.chat.completions.create(model="m", messages=sdk_follow, tools=SDK_TOOLS, max_tokens=3)
         assert reply.model_dump()["prompt_token_ids"][-3:] == srv.engine.encode_chat(follow, TOOLS)[-3:]
 
 
@@ -136,8 +154,8 @@ def test_in_process_update_from_another_thread(tiny_path: Path, tool_model_path:
         assert srv.update_weights(state, "trained") == "trained"
         client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
         resp = client.chat.completions.create(
-            model="m", messages=TOOL_MESSAGES, tools=TOOLS, max_tokens=60, temperature=0
-        )  # type: ignore[arg-type]
+            model="m", messages=SDK_TOOL_MESSAGES, tools=SDK_TOOLS, max_tokens=60, temperature=0
+        )
         assert (
             resp.choices[0].finish_reason == "tool_calls" and resp.model_dump()["model_version"] == "trained"
         )

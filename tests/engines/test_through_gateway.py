@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from openai.types.responses import FunctionToolParam, ResponseInputParam
 
 from agl import semconv as sc
 from agl.adapter import llm_calls, to_samples
@@ -25,7 +28,9 @@ from agl.store.base import LightningStore
 
 from .conftest import TOOL_MESSAGES, TOOLS
 
-RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
+# the conftest tool in the Responses shape (no "strict": the engine does not need it)
+RESPONSES_TOOLS = cast("list[FunctionToolParam]", [{"type": "function", **TOOLS[0]["function"]}])
+SDK_TOOL_MESSAGES = cast("list[ChatCompletionMessageParam]", TOOL_MESSAGES)
 
 
 ENGINE_TOKEN = "engine-token-0123456789"
@@ -68,9 +73,15 @@ async def test_streamed_tool_call_records_the_same_ids_as_non_streamed(
     gateway: Gateway, store: LightningStore
 ) -> None:
     rid, client = await rollout_client(gateway, store)
-    kwargs = {"model": "policy", "messages": TOOL_MESSAGES, "tools": TOOLS, "seed": 7, "temperature": 0.8}
-    plain = await client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
-    stream = await client.chat.completions.create(**kwargs, stream=True)  # type: ignore[call-overload]
+    kwargs: dict[str, Any] = {
+        "model": "policy",
+        "messages": TOOL_MESSAGES,
+        "tools": TOOLS,
+        "seed": 7,
+        "temperature": 0.8,
+    }
+    plain = await client.chat.completions.create(**kwargs)
+    stream = await client.chat.completions.create(**kwargs, stream=True)
     deltas = [choice.delta async for chunk in stream for choice in chunk.choices]
     names = [call.function.name for d in deltas for call in d.tool_calls or [] if call.function]
     assert names == ["get_weather"] and plain.choices[0].message.tool_calls is not None
@@ -100,14 +111,14 @@ async def test_responses_tool_call_and_follow_up_are_trainable(
         model="policy",
         input=TOOL_MESSAGES[0]["content"],
         tools=RESPONSES_TOOLS,
-        temperature=0.0,  # type: ignore[arg-type]
+        temperature=0.0,
     )
     (call,) = [item for item in first.output if item.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert first.usage is not None and first.usage.output_tokens > 0
 
     # the OpenAI Agents SDK's next turn: the whole history, the call, and the tool's output
-    history = [
+    history: ResponseInputParam = [
         {"role": "user", "content": TOOL_MESSAGES[0]["content"]},
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "18C and sunny"},
@@ -117,7 +128,7 @@ async def test_responses_tool_call_and_follow_up_are_trainable(
         input=history,
         tools=RESPONSES_TOOLS,
         max_output_tokens=5,
-        temperature=0.0,  # type: ignore[arg-type]
+        temperature=0.0,
     )
     assert second.status in ("completed", "incomplete") and second.output
 
@@ -125,8 +136,9 @@ async def test_responses_tool_call_and_follow_up_are_trainable(
         openai.BadRequestError
     ) as bad:  # the engine's 400 reaches the agent through the gateway
         await client.responses.create(
-            model="policy", input=[{"type": "computer_call_output", "call_id": "c"}]
-        )  # type: ignore[list-item]
+            model="policy",
+            input=[{"type": "computer_call_output", "call_id": "c"}],  # type: ignore[list-item]  # deliberately bad
+        )
     assert bad.value.body["param"] == "input[0].type"  # type: ignore[index]
 
     a, b, failed = await recorded(gateway, store, rid)
@@ -145,11 +157,16 @@ async def test_responses_stream_records_ids_equal_to_non_streamed(
     gateway: Gateway, store: LightningStore, engine: EngineServer
 ) -> None:
     rid, client = await rollout_client(gateway, store)
-    kwargs = {"model": "policy", "input": "Hello there", "max_output_tokens": 6, "temperature": 0.9}
+    kwargs: dict[str, Any] = {
+        "model": "policy",
+        "input": "Hello there",
+        "max_output_tokens": 6,
+        "temperature": 0.9,
+    }
     kwargs["extra_body"] = {"seed": 3}
-    plain = await client.responses.create(**kwargs)  # type: ignore[call-overload]
+    plain = await client.responses.create(**kwargs)
     deltas, completed = [], None
-    async for event in await client.responses.create(**kwargs, stream=True):  # type: ignore[call-overload]
+    async for event in await client.responses.create(**kwargs, stream=True):
         if event.type == "response.output_text.delta":
             deltas.append(event.delta)
         elif event.type == "response.completed":
@@ -158,7 +175,7 @@ async def test_responses_stream_records_ids_equal_to_non_streamed(
 
     async with client.responses.stream(  # greedy: a sampled reply is not always the tool call
         model="policy", input=TOOL_MESSAGES[0]["content"], tools=RESPONSES_TOOLS, temperature=0.0
-    ) as s:  # type: ignore[arg-type]
+    ) as s:
         final = await s.get_final_response()
     assert [item.type for item in final.output] == ["function_call"]
 
@@ -238,7 +255,9 @@ async def test_trainer_engines_hand_their_token_to_the_gateway(
         assert httpx.get(f"{upstream.url}/models").status_code == 401
         with Gateway(store, engines.upstreams) as gw:
             rid, client = await rollout_client(gw, store)
-            reply = await client.chat.completions.create(model="policy", messages=TOOL_MESSAGES, max_tokens=3)
+            reply = await client.chat.completions.create(
+                model="policy", messages=SDK_TOOL_MESSAGES, max_tokens=3
+            )
             assert reply.usage is not None and reply.usage.completion_tokens == 3
             (call,) = await recorded(gw, store, rid)
             assert call.has_token_ids and ENGINE_TOKEN not in str(call.attributes)

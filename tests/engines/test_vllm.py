@@ -349,7 +349,7 @@ def test_vllm_serves_an_exported_policy_folder(tiny_path: Path, tmp_path: Path) 
 
     from agl.algorithm.export import export_policy
     from agl.algorithm.grpo.loss import LossConfig
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.policy.model import Policy, PolicyConfig
 
     torch.manual_seed(3)
     policy = Policy(PolicyConfig(model_path=str(tiny_path), lora_rank=4), LossConfig())

@@ -158,7 +158,7 @@ def test_grpo_lora_fit_on_two_vllm_replicas(tiny_path: Path, tmp_path: Path) -> 
         assert attrs[sc.LLM_STATUS_CODE] == 200 and attrs[sc.LLM_HAS_TOKEN_IDS] is True
         assert attrs[sc.LLM_PROMPT_TOKEN_IDS] and attrs[sc.LLM_COMPLETION_TOKEN_IDS]
         assert len(attrs[sc.LLM_LOGPROBS]) == len(attrs[sc.LLM_COMPLETION_TOKEN_IDS])
-    versions = {r.mode: set() for r, _ in calls}
+    versions: dict[str, set[str]] = {r.mode: set() for r, _ in calls}
     for rollout, span in calls:
         versions[rollout.mode].add(span.attributes[sc.LLM_MODEL_VERSION])
     assert versions == {"train": {"v0", "v1"}, "val": {"v0", "v2"}}

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import openai
 import orjson
 import pytest
+from anthropic.types import ImageBlockParam, MessageParam, ToolParam
+from openai.types.chat import ChatCompletionMessageParam
 
 from agl import semconv as sc
 from agl.adapter import llm_calls, to_samples
@@ -26,7 +28,7 @@ from agl.store.base import LightningStore
 from ..engines.conftest import TOOL_MESSAGES, TOOLS, tiny_path, tool_model_path  # noqa: F401 (fixtures)
 
 WEATHER = TOOLS[0]["function"]
-ANTHROPIC_TOOLS = [
+ANTHROPIC_TOOLS: list[ToolParam] = [
     {"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": WEATHER["parameters"]}
 ]
 QUESTION = TOOL_MESSAGES[0]["content"]
@@ -350,13 +352,13 @@ async def test_tool_use_round_trip_gives_the_samples_of_the_chat_conversation(
     rid, url = await _rollout(gateway, store)
     claude = _claude(url)
     first = await claude.messages.create(
-        model="policy", max_tokens=48, extra_body=GREEDY, tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+        model="policy", max_tokens=48, extra_body=GREEDY, tools=ANTHROPIC_TOOLS,
         messages=[{"role": "user", "content": QUESTION}],
     )  # fmt: skip
     assert first.stop_reason == "tool_use"
     (use,) = [b for b in first.content if b.type == "tool_use"]
     assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
-    history: list[Any] = [
+    history: list[MessageParam] = [
         {"role": "user", "content": QUESTION},
         {"role": "assistant", "content": first.content},
         {
@@ -369,16 +371,17 @@ async def test_tool_use_round_trip_gives_the_samples_of_the_chat_conversation(
         max_tokens=8,
         extra_body=GREEDY,
         tools=ANTHROPIC_TOOLS,
-        messages=history,  # type: ignore[arg-type]
+        messages=history,
     )
 
     chat_rid, chat_url = await _rollout(gateway, store)
     gpt = _gpt(chat_url)
     kwargs: dict[str, Any] = {"model": "policy", "temperature": 0, "tools": TOOLS}
-    asked = await gpt.chat.completions.create(max_tokens=48, messages=TOOL_MESSAGES, **kwargs)
+    chat_messages = cast("list[ChatCompletionMessageParam]", TOOL_MESSAGES)
+    asked = await gpt.chat.completions.create(max_tokens=48, messages=chat_messages, **kwargs)
     (tool_call,) = asked.choices[0].message.tool_calls or []
-    messages = [
-        *TOOL_MESSAGES,
+    messages: list[ChatCompletionMessageParam] = [
+        *chat_messages,
         asked.choices[0].message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": tool_call.id, "content": "18 C and sunny"},
     ]
@@ -421,7 +424,7 @@ async def test_streams_text_and_tool_use_with_anthropic_events(
     assert final.usage.input_tokens == plain.usage.input_tokens > 0
 
     async with claude.messages.stream(
-        model="policy", max_tokens=48, extra_body=GREEDY, tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+        model="policy", max_tokens=48, extra_body=GREEDY, tools=ANTHROPIC_TOOLS,
         messages=[{"role": "user", "content": QUESTION}],
     ) as stream:  # fmt: skip
         called = await stream.get_final_message()
@@ -471,7 +474,10 @@ async def test_upstream_and_gateway_errors_keep_the_anthropic_shape(
     gateway: Gateway, store: LightningStore
 ) -> None:
     _, url = await _rollout(gateway, store)
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    image: ImageBlockParam = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+    }
     with pytest.raises(anthropic.BadRequestError) as info:  # translated fine; the text-only engine refuses it
         await _claude(url).messages.create(
             model="policy", max_tokens=8, messages=[{"role": "user", "content": [image]}]

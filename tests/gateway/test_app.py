@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from agl import semconv as sc
 from agl.gateway import Gateway, GatewayConfig, UpstreamConfig
@@ -16,8 +17,8 @@ from agl.schemas import LLMCall
 from agl.store import InMemoryLightningStore
 from tests.support.openai_upstream import OpenAIUpstream, logprob_of, prompt_text, token_ids_of
 
-USER = [{"role": "user", "content": "what is two plus two"}]
-TOOLS = [
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "what is two plus two"}]
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -134,7 +135,7 @@ async def test_tool_calls_round_trip(
 ) -> None:
     rid, _ = rollout
     client = openai.AsyncOpenAI(base_url=gateway.rollout_base_url(rid), api_key="x")
-    ask = [{"role": "user", "content": "use the calculator for 2+2"}]
+    ask: list[ChatCompletionMessageParam] = [{"role": "user", "content": "use the calculator for 2+2"}]
     if stream:
         chunks = [
             c
@@ -143,13 +144,15 @@ async def test_tool_calls_round_trip(
             )
         ]
         deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
-        assert deltas[0].function.name == "calculator"
+        assert deltas[0].function is not None and deltas[0].function.name == "calculator"
         call_id = deltas[0].id
+        assert call_id is not None
     else:
         first = await client.chat.completions.create(model="m", messages=ask, tools=TOOLS)
-        assert first.choices[0].finish_reason == "tool_calls"
-        call_id = first.choices[0].message.tool_calls[0].id
-    follow = [*ask, {"role": "assistant", "tool_calls": [{"id": call_id, "type": "function",
+        tool_calls = first.choices[0].message.tool_calls
+        assert first.choices[0].finish_reason == "tool_calls" and tool_calls
+        call_id = tool_calls[0].id
+    follow: list[ChatCompletionMessageParam] = [*ask, {"role": "assistant", "tool_calls": [{"id": call_id, "type": "function",
               "function": {"name": "calculator", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": call_id, "content": "4"}]  # fmt: skip
     second = await client.chat.completions.create(model="m", messages=follow, tools=TOOLS)
     assert second.choices[0].message.content == "tool result: 4"
@@ -158,6 +161,7 @@ async def test_tool_calls_round_trip(
         "name": "calculator", "arguments": '{"expression":"use the calculator for 2+2"}'}}]  # fmt: skip
     assert (
         first_call.finish_reason == "tool_calls"
+        and first_call.response_message is not None
         and first_call.response_message["tool_calls"] == first_call.tool_calls
     )
     assert second_call.request_messages == follow and second_call.tool_calls == []
@@ -203,7 +207,8 @@ async def test_completions_and_responses(
     assert completion.prompt_token_ids == token_ids_of("one two")
     assert completion.completion_token_ids == token_ids_of("echo: one two")
     assert completion.logprobs == [logprob_of(i) for i in range(3)]
-    assert response.api == "responses" and response.response_message["content"] == "echo: hello"
+    assert response.api == "responses" and response.response_message is not None
+    assert response.response_message["content"] == "echo: hello"
     assert response.request_messages == [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "hello"},
@@ -221,7 +226,7 @@ async def test_unattributed_calls_recorded_when_configured(
         await gw.flush()
     (rollout,) = (await store.query_rollouts(mode="gateway")).items
     spans = (await store.query_spans(rollout_id=rollout.rollout_id)).items
-    assert len(spans) == 2 and [s.sequence_id for s in spans] == sorted(s.sequence_id for s in spans)
+    assert len(spans) == 2 and [s.sequence_id for s in spans] == sorted(s.sequence_id or 0 for s in spans)
 
 
 async def test_models_and_health(gateway: Gateway) -> None:

@@ -7,13 +7,14 @@ import re
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from agl.gateway import Gateway, UpstreamConfig
 from agl.store import InMemoryLightningStore
 from tests.support.openai_upstream import OpenAIUpstream, prompt_text, token_ids_of
 
-USER = [{"role": "user", "content": "two plus two"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "two plus two"}]
 ADMIN, CLIENT = "admin-token-0123456789", "client-token-0123456789"
 
 

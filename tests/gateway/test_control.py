@@ -10,6 +10,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from agl import semconv as sc
 from agl.gateway import Gateway, GatewayConfig, UpstreamConfig
@@ -18,7 +19,7 @@ from agl.schemas.rollout import RolloutCreate
 from agl.store import InMemoryLightningStore
 from tests.support.openai_upstream import OpenAIUpstream
 
-USER = [{"role": "user", "content": "hello"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 FAST = GatewayConfig(backoff_s=0.01, health_interval_s=0.1, read_timeout_s=1.0)
 
 
@@ -200,7 +201,8 @@ async def test_secrets_are_injected_upstream_and_never_recorded(
                 extra_body={"api_key": agent_key},
             )
             assert repr(gw.upstreams[0]).count(secret) == 0
-            (span,) = (await store.query_spans(rollout_id=rid)).items if await gw.flush() is None else []
+            await gw.flush()
+            (span,) = (await store.query_spans(rollout_id=rid)).items
         assert up.requests[0].headers["authorization"] == f"Bearer {secret}"
     dumped = span.model_dump_json()
     assert secret not in dumped and agent_key not in dumped and "[redacted]" in dumped

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,8 @@ def test_loads_with_auto_classes_and_renders_tools(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = tiny_model(cache_dir=tmp_path)
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    # Any, as Engine.tokenizer is: HF's stubs type chat messages as str-only dicts
+    tok: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     assert model.config.head_dim == 32 and model.config.num_hidden_layers == 2
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"

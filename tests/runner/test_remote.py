@@ -120,7 +120,8 @@ class Sum(Algorithm):
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> float:
         done = await ctx.rollouts(train, timeout_s=60)
         assert all(r.status == RolloutStatus.SUCCEEDED for r, _ in done)
-        return sum(s.attributes[agl.semconv.REWARD_VALUE] for _, spans in done for s in spans)
+        rewards: list[float] = [s.attributes[agl.semconv.REWARD_VALUE] for _, spans in done for s in spans]
+        return sum(rewards)
 
 
 @pytest.mark.timeout(90)

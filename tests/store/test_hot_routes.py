@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
 from agl.schemas import Attempt, AttemptedRollout, Rollout, RolloutCreate, Span
 from agl.store import InMemoryLightningStore
@@ -42,7 +43,7 @@ CASES: dict[str, Case] = {
     "heartbeat": lambda a: ("POST", ATTEMPT.format(a) + "/heartbeat", b""),
     "heartbeat unknown": lambda a: ("POST", ATTEMPT.format("at-missing") + "/heartbeat", b""),
 }
-ANSWERS = {
+ANSWERS: dict[str, type[BaseModel]] = {
     "/rollouts/dequeue": AttemptedRollout,
     "/spans": StoredSpan,
     "/heartbeat": Rollout,

@@ -184,7 +184,7 @@ async def test_idempotency_cache_keeps_only_what_replays_an_answer_and_stays_bou
     from agl.store import server as server_module
 
     now = [1000.0]
-    monkeypatch.setattr(server_module.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("agl.store.server.time.monotonic", lambda: now[0])
     cache = server_module._IdempotencyCache(ttl_s=60, max_entries=100)
     calls = 0
 

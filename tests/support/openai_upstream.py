@@ -21,6 +21,7 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -57,7 +58,7 @@ def logprob_of(index: int) -> float:
     return -round(0.05 + 0.1 * (index % 7), 4)
 
 
-def prompt_text(messages: list[dict[str, Any]]) -> str:
+def prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
     """How the upstream renders chat messages into the prompt it "tokenizes"."""
     return " ".join(f"<{m.get('role')}> {_text(m.get('content'))}" for m in messages)
 

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from tests.support.openai_upstream import OpenAIUpstream, ScriptedReply, prompt_text, token_ids_of
 
-USER = [{"role": "user", "content": "hi there"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi there"}]
 
 
 @pytest.fixture
@@ -38,11 +39,14 @@ def test_echo_token_ids_only_when_asked(up: OpenAIUpstream) -> None:
 
 def test_streaming_tool_calls_and_scripts(up: OpenAIUpstream) -> None:
     client = openai.OpenAI(base_url=up.base_url, api_key="x")
-    tools = [{"type": "function", "function": {"name": "search", "parameters": {"properties": {"q": {}}}}}]
+    tools: list[ChatCompletionFunctionToolParam] = [
+        {"type": "function", "function": {"name": "search", "parameters": {"properties": {"q": {}}}}}
+    ]
     reply = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "search cats"}], tools=tools
     )
     (call,) = reply.choices[0].message.tool_calls or []
+    assert call.type == "function"
     assert call.function.name == "search" and call.function.arguments == '{"q":"search cats"}'
     no_tool = client.chat.completions.create(model="m", messages=USER, tools=tools)
     assert no_tool.choices[0].message.tool_calls is None  # the message names no tool

@@ -89,7 +89,8 @@ def test_scripted_replies_come_in_order_then_echo_for_a_plain_client() -> None:
     up = InMemoryUpstream()
     up.script("first", "second")
     with httpx.Client(transport=up.transport) as http:
-        client = openai.OpenAI(base_url="http://model.invalid/v1", api_key="sk", http_client=http)
+        # the SDK takes an httpx client at run time; its annotation names only its own httpx2 fork
+        client = openai.OpenAI(base_url="http://model.invalid/v1", api_key="sk", http_client=http)  # type: ignore[arg-type]
         replies = [client.chat.completions.create(model="m", messages=USER) for _ in range(3)]
     assert [r.choices[0].message.content for r in replies] == [
         "first",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 import agl
 from agl import semconv as sc
@@ -43,7 +44,7 @@ async def _calls(store: InMemoryLightningStore, agent: Any) -> list[LLMCall]:
     return [c for c in (LLMCall.from_span(s) for s in spans) if c is not None]
 
 
-def _messages(question: str) -> list[dict[str, str]]:
+def _messages(question: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
 
 
@@ -51,7 +52,11 @@ async def test_openai_sync_call_with_tool_calls(store: InMemoryLightningStore) -
     @agl.rollout
     def agent(llm: LLM) -> None:
         client = openai.OpenAI(base_url=llm.endpoint, api_key="k")
-        client.chat.completions.create(model=llm.model, messages=_messages(QUESTION), tools=[LOOKUP_TOOL])  # type: ignore[arg-type, list-item]
+        client.chat.completions.create(
+            model=llm.model,
+            messages=_messages(QUESTION),
+            tools=[cast("ChatCompletionToolParam", LOOKUP_TOOL)],
+        )
 
     (call,) = await _calls(store, agent)
     assert call.source == "openinference" and call.model == "task"
@@ -66,8 +71,8 @@ async def test_openai_async_and_streaming(store: InMemoryLightningStore) -> None
     @agl.rollout
     async def agent(llm: LLM) -> None:
         client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k")
-        await client.chat.completions.create(model=llm.model, messages=_messages(GIVEN))  # type: ignore[arg-type]
-        stream = await client.chat.completions.create(model=llm.model, messages=_messages(GIVEN), stream=True)  # type: ignore[arg-type]
+        await client.chat.completions.create(model=llm.model, messages=_messages(GIVEN))
+        stream = await client.chat.completions.create(model=llm.model, messages=_messages(GIVEN), stream=True)
         async for _ in stream:
             pass
 
@@ -122,7 +127,7 @@ async def test_calls_outside_a_rollout_are_not_recorded(server: SimulatedLMServe
     before = span_processor().converted
     openai.OpenAI(base_url=server.base_url, api_key="k").chat.completions.create(
         model="task",
-        messages=_messages(GIVEN),  # type: ignore[arg-type]
+        messages=_messages(GIVEN),
     )
     assert span_processor().converted == before
 

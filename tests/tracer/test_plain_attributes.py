@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import ReadableSpan
 
 from agl.schemas import Attempt, Rollout, Span
 from agl.tracer import tracer_provider
@@ -179,8 +180,10 @@ def test_only_spans_of_a_rollout_are_adopted() -> None:
         outside.set_attributes({"a": [1]})
     with rollout_context(ctx), tracer.start_as_current_span("inside") as inside:
         inside.set_attributes({"a": [1]})
-    assert type(outside._attributes) is BoundedAttributes  # type: ignore[attr-defined]
-    assert type(inside._attributes) is PlainAttributes  # type: ignore[attr-defined]
+    assert isinstance(outside, ReadableSpan) and isinstance(inside, ReadableSpan)  # the SDK's spans
+    assert type(outside._attributes) is BoundedAttributes
+    assert type(inside._attributes) is PlainAttributes
+    assert inside.attributes and outside.attributes
     assert inside.attributes["a"] == (1,) and outside.attributes["a"] == (1,)
     (span,) = ctx.buffer.take()
     assert span.attributes["a"] == [1]

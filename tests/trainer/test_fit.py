@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -37,7 +38,7 @@ async def digits_agent(task: str, llm: agl.LLM, rollout: agl.Rollout) -> float:
     return sum(c.isdigit() for c in text) / 6
 
 
-def _fit(out: Path, steps: int, resume: bool = False) -> dict:  # type: ignore[type-arg]
+def _fit(out: Path, steps: int, resume: bool = False) -> dict[str, Any]:
     config = GRPOConfig(
         model_path=str(tiny_model()),
         steps=steps,
@@ -48,9 +49,10 @@ def _fit(out: Path, steps: int, resume: bool = False) -> dict:  # type: ignore[t
         checkpoint_every=1,
         resume=resume,
     )
-    return agl.Trainer(algorithm=GRPO(config), n_runners=6, output_dir=str(out)).fit(
+    result: dict[str, Any] = agl.Trainer(algorithm=GRPO(config), n_runners=6, output_dir=str(out)).fit(
         digits_agent, ["a", "b", "c"], ["a"]
     )
+    return result
 
 
 @pytest.mark.timeout(240)

@@ -76,7 +76,7 @@ class RaisesWhileRolloutsRun(Algorithm):
 class Mean(Algorithm):
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> float:
         done = await ctx.rollouts(train, group_size=2)
-        rewards = [s.attributes[agl.semconv.REWARD_VALUE] for _, spans in done for s in spans]
+        rewards: list[float] = [s.attributes[agl.semconv.REWARD_VALUE] for _, spans in done for s in spans]
         return sum(rewards) / len(rewards)
 
 

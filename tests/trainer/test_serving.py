@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 import agl
 from agl.algorithm.base import Algorithm, TrainingContext
@@ -17,7 +18,7 @@ from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.trainer.fit import gateway_client_token
 
-USER = [{"role": "user", "content": "hi"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 
 @agl.rollout

@@ -41,10 +41,10 @@ def token_logprobs(
     """
     head = model.get_output_embeddings()
     if chunk_tokens is None or not _head_is_last(model, head):
-        taken, entropy = _from_full_logits(model, input_ids, attention)
+        full_taken, full_entropy = _from_full_logits(model, input_ids, attention)
         if only is None:
-            return taken, entropy
-        return taken * only, entropy * only
+            return full_taken, full_entropy
+        return full_taken * only, full_entropy * only
     with _bypassed(head):
         hidden = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # (B, T-1, H)
     batch, width, size = hidden.shape
