@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from agl.errors import ConflictError, NotFoundError, StaleAttemptError
 from agl.schemas import (
@@ -34,6 +34,21 @@ from agl.store.states import rollout_status_for_attempt, transition, watchdog_ve
 R = TypeVar("R")
 #: a unit of work: ``fn(tables, finished)``; it appends the ids of rollouts it finished to ``finished``
 Work = Callable[["Tables", list[str]], R]
+#: what a unit of work will ``prefetch``: (rollout id, attempt id, span ids) each
+ReadList = list[tuple[str, str, Sequence[str]]]
+
+
+class Reads(Generic[R]):
+    """A unit of work that names up front what it will ``prefetch``, so that a backend running many
+    calls at once (PostgreSQL) can read the rows of all of them in one go. Called, it is the work."""
+
+    __slots__ = ("fn", "reads")
+
+    def __init__(self, fn: Work[R], reads: ReadList) -> None:
+        self.fn, self.reads = fn, reads
+
+    def __call__(self, t: Tables, finished: list[str]) -> R:
+        return self.fn(t, finished)
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,35 @@ class Tables(ABC):
 
     @abstractmethod
     def save_worker(self, worker: Worker) -> None: ...
+
+    # A backend that pays a round trip per statement (PostgreSQL) overrides these four: one read
+    # instead of several, and worker writes that need no read first. The defaults are the plain reads
+    # and writes above, so every backend means the same by them.
+    def prefetch(self, rollout_id: str, attempt_id: str, span_ids: Sequence[str] = ()) -> None:  # noqa: B027
+        """A hint that this call reads the rollout, the attempt and whether these spans are stored
+        (the default reads nothing ahead)."""
+
+    def touch_worker(self, worker_id: str, now: float) -> None:
+        """A sign of life from ``worker_id`` (registered when unknown); nothing else about it changes."""
+        worker = self.worker(worker_id) or Worker(worker_id=worker_id)
+        worker.last_heartbeat_at = now
+        self.save_worker(worker)
+
+    def claim_worker(self, worker_id: str, now: float, rollout_id: str, attempt_id: str) -> None:
+        """``worker_id`` (registered when unknown) is busy with this attempt, as of ``now``."""
+        worker = self.worker(worker_id) or Worker(worker_id=worker_id)
+        worker.last_heartbeat_at = now
+        worker.status = WorkerStatus.BUSY
+        worker.current_rollout_id, worker.current_attempt_id = rollout_id, attempt_id
+        self.save_worker(worker)
+
+    def release_worker(self, worker_id: str, attempt_id: str) -> None:
+        """``worker_id`` goes idle if ``attempt_id`` is still its current attempt."""
+        worker = self.worker(worker_id)
+        if worker is not None and worker.current_attempt_id == attempt_id:
+            worker.status = WorkerStatus.IDLE
+            worker.current_attempt_id = worker.current_rollout_id = None
+            self.save_worker(worker)
 
     @abstractmethod
     def insert_spans(self, spans: list[Span]) -> list[Span]:
@@ -173,11 +217,8 @@ class TableStore(LightningStore):
         if error is not None:
             attempt.error = error
         t.save_attempt(attempt)
-        worker = None if attempt.worker_id is None else t.worker(attempt.worker_id)
-        if worker is not None and worker.current_attempt_id == attempt.attempt_id:
-            worker.status = WorkerStatus.IDLE
-            worker.current_attempt_id = worker.current_rollout_id = None
-            t.save_worker(worker)
+        if attempt.worker_id is not None:
+            t.release_worker(attempt.worker_id, attempt.attempt_id)
 
     def _move_attempt(
         self, t: Tables, attempt: Attempt, status: AttemptStatus, error: str | None, finished: list[str]
@@ -205,10 +246,7 @@ class TableStore(LightningStore):
         t.insert_attempt(attempt)
         t.save_rollout(rollout)
         if worker_id is not None:
-            worker = self._touch_worker(t, worker_id)
-            worker.status = WorkerStatus.BUSY
-            worker.current_rollout_id, worker.current_attempt_id = rollout.rollout_id, attempt.attempt_id
-            t.save_worker(worker)
+            t.claim_worker(worker_id, self.clock(), rollout.rollout_id, attempt.attempt_id)
         return AttemptedRollout(rollout=rollout, attempt=attempt)
 
     def _resolve_resources(self, t: Tables, resources_id: str | None) -> str | None:
@@ -245,7 +283,7 @@ class TableStore(LightningStore):
         def op(t: Tables, finished: list[str]) -> AttemptedRollout | None:
             rollout = t.queue_head()
             if rollout is None:
-                t.save_worker(self._touch_worker(t, worker_id))
+                t.touch_worker(worker_id, self.clock())
                 return None
             self._set_rollout_status(t, rollout, RolloutStatus.PREPARING, finished)
             return self._create_attempt(t, rollout, worker_id)
@@ -328,6 +366,7 @@ class TableStore(LightningStore):
         _logic.checked_json(metadata, "metadata")
 
         def op(t: Tables, finished: list[str]) -> Attempt:
+            t.prefetch(rollout_id, attempt_id)
             attempt = self._attempt(t, rollout_id, attempt_id)
             if status is not None:
                 target = AttemptStatus(status)
@@ -348,10 +387,11 @@ class TableStore(LightningStore):
                 t.save_attempt(attempt)
             return attempt
 
-        return await self._tx(op)
+        return await self._tx(Reads(op, [(rollout_id, attempt_id, ())]))
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Rollout:
         def op(t: Tables, _: list[str]) -> Rollout:
+            t.prefetch(rollout_id, attempt_id)
             attempt = self._attempt(t, rollout_id, attempt_id)
             if attempt.status.is_terminal:
                 raise StaleAttemptError(
@@ -362,10 +402,10 @@ class TableStore(LightningStore):
             attempt.last_heartbeat_at = self.clock()
             t.save_attempt(attempt)
             if attempt.worker_id is not None:
-                t.save_worker(self._touch_worker(t, attempt.worker_id))
+                t.touch_worker(attempt.worker_id, attempt.last_heartbeat_at)
             return self._rollout(t, rollout_id)
 
-        return await self._tx(op)
+        return await self._tx(Reads(op, [(rollout_id, attempt_id, ())]))
 
     async def query_attempts(
         self,
@@ -401,13 +441,15 @@ class TableStore(LightningStore):
 
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         batch = _logic.coerce_spans(spans)
+        span_ids: dict[tuple[str, str], list[str]] = {}
+        for span in batch:
+            span_ids.setdefault((span.rollout_id, span.attempt_id), []).append(span.span_id)
 
         def op(t: Tables, finished: list[str]) -> list[Span]:
             attempts: dict[tuple[str, str], Attempt] = {}
-            for span in batch:  # check references before writing anything
-                key = (span.rollout_id, span.attempt_id)
-                if key not in attempts:
-                    attempts[key] = self._attempt(t, *key)
+            for key, ids in span_ids.items():  # check references before writing anything
+                t.prefetch(*key, ids)
+                attempts[key] = self._attempt(t, *key)
             stored = t.insert_spans(batch)
             now = self.clock()
             for attempt in attempts.values():
@@ -420,7 +462,7 @@ class TableStore(LightningStore):
                     t.save_attempt(attempt)
             return stored
 
-        return await self._tx(op)
+        return await self._tx(Reads(op, [(rid, aid, ids) for (rid, aid), ids in span_ids.items()]))
 
     async def next_sequence_id(self, rollout_id: str) -> int:
         def op(t: Tables, _: list[str]) -> int:

@@ -1,15 +1,14 @@
-"""The SQL backends' shared half: one column list for both DDLs, dialects as values, SQL tables.
+"""The SQL backends' shared half: the lifecycle's tables as SQL, and queries as keyset SQL.
 
-Each object is one JSON document (``data``) plus the columns that queries filter and sort on.
-SQLite and PostgreSQL differ only in the :class:`Dialect` fields; the lifecycle itself lives in
-``_lifecycle`` and the connection's thread in ``_sqlite_thread`` (group commit).
+Each object is one JSON document (``data``) plus the columns that queries filter and sort on. The
+schema and dialects live in ``_sql_schema``, the lifecycle in ``_lifecycle`` and the connection's
+thread in ``_sqlite_thread`` (group commit).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, NamedTuple
 
 import orjson
 
@@ -24,7 +23,14 @@ from agl.schemas import (
     WorkerStatus,
 )
 from agl.store import _logic
-from agl.store._lifecycle import Query, R, Tables, TableStore, Work
+from agl.store._lifecycle import Query, R, ReadList, Reads, Tables, TableStore, Work
+from agl.store._sql_schema import (
+    DIGEST_COLUMNS,
+    LATEST_ATTEMPT,
+    SQLITE,
+    Dialect,
+    upsert_digests,
+)
 from agl.store._sqlite_thread import GroupCommitThread
 from agl.store.base import (
     DIGEST_SLOTS,
@@ -46,146 +52,6 @@ from agl.store.base import (
     span_digest,
 )
 
-
-@dataclass(frozen=True)
-class Dialect:
-    """What differs between SQL engines: placeholders, column types, the claim lock, transactions."""
-
-    name: str
-    param: str  # the driver's positional placeholder
-    types: dict[str, str]  # logical column type -> SQL type
-    greatest: str  # the two-argument maximum function
-    contains: str  # "{0} holds the substring {1}"
-    lower: str  # the lower-case function for any letter, not only ASCII ones
-    metadata_is: str  # "the rollout's metadata key {p} holds the JSON value {p}"
-    claim_suffix: str = ""  # appended to the queue-head SELECT of a claim
-    begin_write: str = "BEGIN"
-    retryable: frozenset[str] = frozenset()  # SQLSTATEs retried inside the call's savepoint
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        return getattr(exc, "sqlstate", None) in self.retryable
-
-
-SQLITE = Dialect(
-    name="sqlite",
-    param="?",
-    types={
-        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
-        "id": "TEXT",
-        "text": "TEXT",
-        "int": "INTEGER",
-        "real": "REAL",
-    },
-    greatest="MAX",
-    contains="instr({0}, {1}) > 0",
-    lower="agl_lower",  # Python's, registered on each connection: SQLite's own knows only ASCII
-    metadata_is="json_extract(r.data, '$.metadata.' || json_quote({p})) = json_extract({p}, '$')",
-    begin_write="BEGIN IMMEDIATE",
-)
-# ids sort with COLLATE "C" so pages come out in the same order as Python's (and SQLite's) string order
-POSTGRES = Dialect(
-    name="postgresql",
-    param="%s",
-    types={
-        "serial": "BIGSERIAL PRIMARY KEY",
-        "id": 'TEXT COLLATE "C"',
-        "text": "TEXT",
-        "int": "BIGINT",
-        "real": "DOUBLE PRECISION",
-    },
-    greatest="GREATEST",
-    contains="strpos({0}, {1}) > 0",
-    lower="lower",
-    metadata_is="(r.data::jsonb -> 'metadata' -> {p}) = {p}::jsonb",
-    claim_suffix=" FOR UPDATE SKIP LOCKED",
-    retryable=frozenset({"40001", "40P01"}),  # serialization failure, deadlock detected
-)
-
-# table -> (column, logical type, constraint); the one source of both DDLs
-COLUMNS: dict[str, list[tuple[str, str, str]]] = {
-    "rollouts": [
-        ("pos", "serial", ""),
-        ("rollout_id", "id", "NOT NULL UNIQUE"),
-        ("status", "text", "NOT NULL"),
-        ("mode", "text", ""),
-        ("group_id", "text", ""),
-        ("updated_at", "real", "NOT NULL"),
-        ("queue_pos", "int", ""),
-        ("next_seq", "int", "NOT NULL DEFAULT 1"),
-        ("data", "text", "NOT NULL"),
-        # what search filters and sorts on: the latest attempt (its digest), and copies out of ``data``
-        ("attempt_id", "id", ""),
-        ("resources_id", "text", ""),
-        ("duration", "real", ""),
-        ("search_text", "text", ""),  # ``search_text()``: id and input, lower-cased
-    ],
-    "attempts": [
-        ("pos", "serial", ""),
-        ("attempt_id", "id", "NOT NULL UNIQUE"),
-        ("rollout_id", "id", "NOT NULL REFERENCES rollouts(rollout_id)"),
-        ("status", "text", "NOT NULL"),
-        ("worker_id", "text", ""),
-        ("live", "int", "NOT NULL"),
-        ("data", "text", "NOT NULL"),
-    ],
-    "spans": [
-        ("rollout_id", "id", "NOT NULL"),
-        ("attempt_id", "id", "NOT NULL"),
-        ("span_id", "id", "NOT NULL"),
-        ("sequence_id", "int", "NOT NULL"),
-        ("name", "text", "NOT NULL"),
-        ("size", "int", "NOT NULL"),
-        ("data", "text", "NOT NULL"),
-    ],
-    "resources": [
-        ("version", "int", "PRIMARY KEY"),
-        ("resources_id", "id", "NOT NULL UNIQUE"),
-        ("data", "text", "NOT NULL"),
-    ],
-    "workers": [
-        ("worker_id", "id", "PRIMARY KEY"),
-        ("status", "text", "NOT NULL"),
-        ("last_heartbeat_at", "real", ""),
-        ("current_rollout_id", "text", ""),
-        ("current_attempt_id", "text", ""),
-        ("host", "text", ""),
-    ],
-    "counters": [("name", "text", "PRIMARY KEY"), ("value", "int", "NOT NULL")],
-    # one row per attempt with spans that fill a digest slot (``AttemptDigest``), kept as spans arrive
-    "digests": [
-        ("rollout_id", "id", "NOT NULL"),
-        ("attempt_id", "id", "NOT NULL"),
-        ("stamp", "int", "NOT NULL"),
-        *(
-            column
-            for slot, (values, _) in DIGEST_SLOTS.items()
-            for column in (
-                (f"{slot}_seq", "int", ""),
-                *((v, "real" if v.endswith("_value") else "text", "") for v in values),
-            )
-        ),
-    ],
-}
-TABLE_EXTRAS = {
-    "spans": ", PRIMARY KEY (rollout_id, attempt_id, span_id)",
-    "digests": ", PRIMARY KEY (rollout_id, attempt_id)",
-}
-INDEXES = [
-    "rollouts_queue ON rollouts(queue_pos) WHERE queue_pos IS NOT NULL",
-    "rollouts_status ON rollouts(status, pos)",
-    "rollouts_group ON rollouts(group_id)",
-    "rollouts_updated ON rollouts(updated_at, rollout_id)",
-    "attempts_rollout ON attempts(rollout_id, pos)",
-    "attempts_live ON attempts(live) WHERE live=1",
-    "spans_order ON spans(rollout_id, sequence_id, span_id)",
-    "digests_stamp ON digests(stamp)",
-]
-#: ``digests``: the last digest stamp handed out (0: digests never written, see ``upgrade_tables``)
-COUNTERS = ("queue", "resources", "spans", "span_bytes", "digests")
-_DIGEST_COLUMNS = [c for c, _, _ in COLUMNS["digests"]]
-_LATEST = (
-    "(SELECT a.attempt_id FROM attempts a WHERE a.rollout_id={t}.rollout_id ORDER BY a.pos DESC LIMIT 1)"
-)
 _WITH_DIGEST = " LEFT JOIN digests d ON d.rollout_id=r.rollout_id AND d.attempt_id=r.attempt_id"
 # opens "the latest attempt's digest matches ...": for the reply text, one pass over the digests is
 # twice as fast as a join of every rollout when few match, and as fast when all do
@@ -198,32 +64,6 @@ _REPLY = (
 _SORT_VALUES = {"created": "r.pos", "reward": "COALESCE(d.rw_value, d.rl_value)", "duration": "r.duration"}
 
 
-def _digest_upsert(p: str) -> str:
-    """One attempt's digest in: a slot changes only for a later span (an earlier one for ``ag``), so
-    concurrent writers (several PostgreSQL servers) merge instead of overwriting each other."""
-    updates = ["stamp=excluded.stamp"]
-    for slot, (values, first) in DIGEST_SLOTS.items():
-        seq = f"{slot}_seq"
-        newer = (
-            f"excluded.{seq} < COALESCE(digests.{seq}, 9223372036854775807)"
-            if first
-            else f"excluded.{seq} > COALESCE(digests.{seq}, -1)"
-        )
-        updates += [f"{c}=CASE WHEN {newer} THEN excluded.{c} ELSE digests.{c} END" for c in (seq, *values)]
-    return (
-        f"INSERT INTO digests ({', '.join(_DIGEST_COLUMNS)}) VALUES ({','.join([p] * len(_DIGEST_COLUMNS))}) "
-        f"ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET {', '.join(updates)}"
-    )
-
-
-def _digest_row(rollout_id: str, attempt_id: str, stamp: int, state: DigestState) -> tuple[Any, ...]:
-    row: list[Any] = [rollout_id, attempt_id, stamp]
-    for slot, (values, _) in DIGEST_SLOTS.items():
-        known = state.get(slot)
-        row += list(known) if known is not None else [None] * (1 + len(values))
-    return tuple(row)
-
-
 def _digest_of(row: Sequence[Any]) -> AttemptDigest:
     state: DigestState = {}
     n = 3
@@ -232,63 +72,6 @@ def _digest_of(row: Sequence[Any]) -> AttemptDigest:
             state[slot] = tuple(row[n : n + 1 + len(values)])
         n += 1 + len(values)
     return resolve_digest(row[0], row[1], row[2], state)
-
-
-def write_digests(conn: Any, d: Dialect, states: dict[tuple[str, str], DigestState]) -> None:
-    """Merge the digests of a batch of spans (one state per attempt) into the table, newly stamped."""
-    if not states:
-        return
-    top = int(
-        conn.execute(
-            f"UPDATE counters SET value=value+{d.param} WHERE name='digests' RETURNING value", (len(states),)
-        ).fetchone()[0]
-    )
-    rows = [_digest_row(rid, aid, top - n, state) for n, ((rid, aid), state) in enumerate(states.items())]
-    conn.cursor().executemany(_digest_upsert(d.param), rows)
-
-
-def upgrade_tables(conn: Any, d: Dialect) -> None:
-    """Bring a store from an older agl up to date; call inside the transaction that created the tables.
-    Adds the columns it lacks (the rollouts' search columns filled from their JSON) and writes the
-    digests of the spans it holds (once: the counter is 0 only until digests are first written)."""
-    added = set()
-    for table, columns in COLUMNS.items():
-        have = {c[0] for c in conn.execute(f"SELECT * FROM {table} LIMIT 0").description}
-        for column, kind, extra in columns:
-            if column not in have:
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {d.types[kind]} {extra}")
-                added.add(column)
-    if "search_text" in added:
-        found = [Rollout.model_validate_json(data) for (data,) in conn.execute("SELECT data FROM rollouts")]
-        p = d.param
-        conn.cursor().executemany(
-            f"UPDATE rollouts SET resources_id={p}, duration={p}, search_text={p} WHERE rollout_id={p}",
-            [(r.resources_id, duration_s(r), search_text(r), r.rollout_id) for r in found],
-        )
-        conn.execute(f"UPDATE rollouts SET attempt_id={_LATEST.format(t='rollouts')}")
-    if conn.execute("SELECT value FROM counters WHERE name='digests'").fetchone()[0]:
-        return
-    states: dict[tuple[str, str], DigestState] = {}
-    for rollout_id, attempt_id, sequence_id, name, data in conn.execute(
-        "SELECT rollout_id, attempt_id, sequence_id, name, data FROM spans"
-    ):
-        slots = span_digest(name, _logic.json_loads(data).get("attributes") or {})
-        if slots:
-            merge_digest(states.setdefault((rollout_id, attempt_id), {}), sequence_id, slots)
-    write_digests(conn, d, states)
-    conn.execute("UPDATE counters SET value=value+1 WHERE name='digests'")  # done, even with none
-
-
-def ddl(d: Dialect) -> list[str]:
-    """The statements that create agl's tables (idempotent) in dialect ``d``."""
-    out = []
-    for table, columns in COLUMNS.items():
-        cols = ", ".join(" ".join(filter(None, (c, d.types[kind], extra))) for c, kind, extra in columns)
-        out.append(f"CREATE TABLE IF NOT EXISTS {table} ({cols}{TABLE_EXTRAS.get(table, '')})")
-    out += [f"CREATE INDEX IF NOT EXISTS {index}" for index in INDEXES]
-    values = ", ".join(f"('{name}', 0)" for name in COUNTERS)
-    out.append(f"INSERT INTO counters (name, value) VALUES {values} ON CONFLICT DO NOTHING")
-    return out
 
 
 # what a cursor's sort key must be for each sort column (PostgreSQL refuses to compare across types)
@@ -315,13 +98,160 @@ def _worker(row: Sequence[Any]) -> Worker:
     )
 
 
+class Deferred:
+    """Span counters and digest merges of a group's calls, written once just before its COMMIT.
+
+    Every span batch would otherwise update the same three counter rows and its digest row: a
+    statement each per call, and row locks that a second server sharing the database waits on until
+    this group commits. Merged here they cost a few statements per group, held only for the COMMIT.
+    """
+
+    def __init__(self) -> None:
+        self.spans = self.span_bytes = 0
+        self.digests: dict[tuple[str, str], DigestState] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.spans or self.digests)
+
+    def add_digest(
+        self, attempt: tuple[str, str], sequence_id: int, slots: dict[str, tuple[Any, ...]]
+    ) -> None:
+        merge_digest(self.digests.setdefault(attempt, {}), sequence_id, slots)
+
+    def merge(self, other: Deferred) -> None:
+        """Take in a later call's updates (as if its statements had run after this one's)."""
+        self.spans += other.spans
+        self.span_bytes += other.span_bytes
+        for attempt, state in other.digests.items():
+            mine = self.digests.setdefault(attempt, {})
+            for slot, (sequence_id, *values) in state.items():
+                merge_digest(mine, sequence_id, {slot: tuple(values)})
+
+    def flush(self, conn: Any, d: Dialect) -> None:
+        """Write everything held (and forget it): one counters statement, then the digests."""
+        by = {"spans": self.spans, "span_bytes": self.span_bytes, "digests": len(self.digests)}
+        by = {name: n for name, n in by.items() if n}
+        if by:
+            p = d.param
+            cases = " ".join(f"WHEN '{name}' THEN {p}" for name in by)
+            sql = (
+                f"UPDATE counters SET value=value+(CASE name {cases} END) "
+                f"WHERE name IN ({', '.join(repr(name) for name in by)})"
+            )
+            if not self.digests:
+                conn.execute(sql, list(by.values()))
+            else:
+                tops = dict(conn.execute(sql + " RETURNING name, value", list(by.values())).fetchall())
+                upsert_digests(conn, d, self.digests, int(tops["digests"]))
+        self.spans = self.span_bytes = 0
+        self.digests = {}
+
+
+class Prefetched(NamedTuple):
+    """What ``prefetch`` reads of one rollout and attempt."""
+
+    rollout: str | None  # the rollout's JSON, None when there is no such rollout
+    next_seq: int
+    attempt: str | None  # the attempt's JSON, None when the rollout has no such attempt
+    live: set[str]  # the rollout's live attempts
+    stored: tuple[set[str], set[str]] | None  # span ids looked up, and those of them found
+
+
+class ReadAhead:
+    """The rows a whole group of calls will ``prefetch``, read (PostgreSQL) in three statements before
+    the first call runs, and locked (``FOR NO KEY UPDATE``) until the group commits, so no other server
+    changes them between this read and the calls' writes.
+
+    A call whose rollout an earlier call of the group wrote (``dirty``) reads for itself again.
+    """
+
+    def __init__(self) -> None:
+        self.asked: set[str] = set()  # rollout ids looked up (missing ones are not in ``rollouts``)
+        self.rollouts: dict[str, tuple[str, int]] = {}  # rollout id -> (data, next_seq)
+        self.attempts: dict[str, dict[str, tuple[int, str]]] = {}  # rollout id -> attempt id -> (live, data)
+        # (rollout id, attempt id) -> (span ids looked up, those found)
+        self.spans: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
+        self.dirty: set[str] = set()
+
+    def rows(self, rollout_id: str, attempt_id: str, span_ids: Sequence[str]) -> Prefetched | None:
+        """What ``prefetch`` would read now, or None when this read does not cover it."""
+        if rollout_id not in self.asked or rollout_id in self.dirty:
+            return None
+        stored = self.spans.get((rollout_id, attempt_id)) if span_ids else None
+        if span_ids and (stored is None or not stored[0].issuperset(span_ids)):
+            return None
+        rollout, next_seq = self.rollouts.get(rollout_id, (None, 0))
+        attempts = self.attempts.get(rollout_id, {})
+        attempt = attempts.get(attempt_id)
+        live = {aid for aid, (is_live, _) in attempts.items() if is_live}
+        return Prefetched(rollout, next_seq, None if attempt is None else attempt[1], live, stored)
+
+
 class SqlTables(Tables):
-    """The tables over one DB-API connection inside the group-commit thread's transaction."""
+    """The tables over one DB-API connection inside the group-commit thread's transaction.
+
+    One instance serves one call. What ``prefetch`` read, and what the call wrote since, is kept
+    (as the JSON text written) so the call's later reads of the same rows need no round trip. When
+    the connection carries a :class:`Deferred` (``conn.deferred``), span counters and digests go there.
+    """
 
     def __init__(self, conn: Any, dialect: Dialect) -> None:
         self.conn = conn
         self.p = dialect.param
         self.d = dialect
+        self.deferred: Deferred | None = getattr(conn, "deferred", None)
+        self.ahead: ReadAhead | None = getattr(conn, "ahead", None)
+        self._rollouts: dict[str, str | None] = {}  # rollout id -> data (None: no such rollout)
+        self._next_seq: dict[str, int] = {}
+        self._attempts: dict[tuple[str, str], str | None] = {}
+        self._live: dict[str, set[str]] = {}  # rollout id -> ids of its live attempts
+        self._stored: dict[tuple[str, str], tuple[set[str], set[str]]] = {}  # span ids looked up, found
+
+    def prefetch(self, rollout_id: str, attempt_id: str, span_ids: Sequence[str] = ()) -> None:
+        """The rollout, its next sequence id, the attempt, which of the rollout's attempts are live and
+        which of ``span_ids`` are stored, in one statement (none when the group read them ahead)."""
+        found = None if self.ahead is None else self.ahead.rows(rollout_id, attempt_id, span_ids)
+        if found is None:
+            found = self._read(rollout_id, attempt_id, span_ids)
+        self._rollouts[rollout_id] = found.rollout
+        self._attempts[(rollout_id, attempt_id)] = found.attempt
+        if found.rollout is not None:
+            self._next_seq[rollout_id] = found.next_seq
+            self._live[rollout_id] = found.live
+        if found.stored is not None:
+            self._stored[(rollout_id, attempt_id)] = found.stored
+
+    def _read(self, rollout_id: str, attempt_id: str, span_ids: Sequence[str]) -> Prefetched:
+        p = self.p
+        ids = list(dict.fromkeys(span_ids)) if len(span_ids) <= 1000 else []
+        sql = (
+            f"SELECT 0, r.data, r.next_seq, a.data FROM rollouts r LEFT JOIN attempts a "
+            f"ON a.rollout_id=r.rollout_id AND a.attempt_id={p} WHERE r.rollout_id={p} "
+            # all of the rollout's attempts (a few): ``live=1`` would tempt the planner into the partial
+            # index over every live attempt, dead entries included until a vacuum
+            f"UNION ALL SELECT 1, a.attempt_id, a.live, NULL FROM attempts a WHERE a.rollout_id={p}"
+        )
+        args: list[Any] = [attempt_id, rollout_id, rollout_id]
+        if ids:
+            match = f"= ANY({p})" if self.d.name == "postgresql" else f"IN ({','.join([p] * len(ids))})"
+            sql += (
+                " UNION ALL SELECT 2, s.span_id, NULL, NULL FROM spans s "
+                f"WHERE s.rollout_id={p} AND s.attempt_id={p} AND s.span_id {match}"
+            )
+            args += [rollout_id, attempt_id, *([ids] if self.d.name == "postgresql" else ids)]
+        rollout = attempt = None
+        next_seq = 0
+        live: set[str] = set()
+        found: set[str] = set()
+        for kind, text, number, attempt_data in self.conn.execute(sql, args).fetchall():
+            if kind == 0:
+                rollout, next_seq, attempt = text, int(number), attempt_data
+            elif kind == 1:
+                if number:
+                    live.add(text)
+            else:
+                found.add(text)
+        return Prefetched(rollout, next_seq, attempt, live, (set(ids), found) if ids else None)
 
     def _one(self, sql: str, *args: Any) -> Any:
         return self.conn.execute(sql, args).fetchone()
@@ -333,11 +263,17 @@ class SqlTables(Tables):
         return int(row[0])
 
     def rollout(self, rollout_id: str) -> Rollout | None:
-        row = self._one(f"SELECT data FROM rollouts WHERE rollout_id={self.p}", rollout_id)
-        return None if row is None else Rollout.model_validate_json(row[0])
+        if rollout_id in self._rollouts:
+            data = self._rollouts[rollout_id]
+        else:
+            row = self._one(f"SELECT data FROM rollouts WHERE rollout_id={self.p}", rollout_id)
+            data = None if row is None else row[0]
+        return None if data is None else Rollout.model_validate_json(data)
 
     def insert_rollout(self, rollout: Rollout) -> None:
         p = self.p
+        self._forget(rollout.rollout_id)
+        self._wrote(rollout.rollout_id)
         self.conn.execute(
             "INSERT INTO rollouts (rollout_id, status, mode, group_id, updated_at, queue_pos, data, "
             f"resources_id, duration, search_text) VALUES ({p},{p},{p},{p},{p},{p},{p},{p},{p},{p})",
@@ -363,17 +299,25 @@ class SqlTables(Tables):
             queue, args = f", queue_pos={p}", (self._counter("queue"),)
         elif not rollout.status.is_queued:
             queue = ", queue_pos=NULL"
+        data = rollout.model_dump_json()
         self.conn.execute(
             f"UPDATE rollouts SET status={p}, updated_at={p}, duration={p}, data={p}{queue} WHERE rollout_id={p}",
-            (
-                rollout.status.value,
-                rollout.updated_at,
-                duration_s(rollout),
-                rollout.model_dump_json(),
-                *args,
-                rollout.rollout_id,
-            ),
+            (rollout.status.value, rollout.updated_at, duration_s(rollout), data, *args, rollout.rollout_id),
         )
+        if rollout.rollout_id in self._rollouts:
+            self._rollouts[rollout.rollout_id] = data
+        self._wrote(rollout.rollout_id)
+
+    def _wrote(self, rollout_id: str) -> None:
+        """What the group read ahead of this rollout no longer holds for the calls after this one."""
+        if self.ahead is not None:
+            self.ahead.dirty.add(rollout_id)
+
+    def _forget(self, rollout_id: str) -> None:
+        """Drop what is kept of a rollout (and so of its attempts' liveness)."""
+        self._rollouts.pop(rollout_id, None)
+        self._next_seq.pop(rollout_id, None)
+        self._live.pop(rollout_id, None)
 
     def queue_head(self) -> Rollout | None:
         sql = "SELECT data FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos LIMIT 1"
@@ -381,15 +325,34 @@ class SqlTables(Tables):
         return None if row is None else Rollout.model_validate_json(row[0])
 
     def attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
-        row = self._one(
-            f"SELECT data FROM attempts WHERE attempt_id={self.p} AND rollout_id={self.p}",
-            attempt_id,
-            rollout_id,
-        )
-        return None if row is None else Attempt.model_validate_json(row[0])
+        key = (rollout_id, attempt_id)
+        if key in self._attempts:
+            data = self._attempts[key]
+        else:
+            row = self._one(
+                f"SELECT data FROM attempts WHERE attempt_id={self.p} AND rollout_id={self.p}",
+                attempt_id,
+                rollout_id,
+            )
+            data = None if row is None else row[0]
+        return None if data is None else Attempt.model_validate_json(data)
+
+    def _note_attempt(self, attempt: Attempt, data: str) -> None:
+        """Keep what was just written of an attempt, where its rows are kept."""
+        self._wrote(attempt.rollout_id)
+        key = (attempt.rollout_id, attempt.attempt_id)
+        if key in self._attempts:
+            self._attempts[key] = data
+        live = self._live.get(attempt.rollout_id)
+        if live is not None:
+            if attempt.status.is_terminal:
+                live.discard(attempt.attempt_id)
+            else:
+                live.add(attempt.attempt_id)
 
     def insert_attempt(self, attempt: Attempt) -> None:
         p = self.p
+        data = attempt.model_dump_json()
         self.conn.execute(
             f"INSERT INTO attempts (attempt_id, rollout_id, status, worker_id, live, data) VALUES ({p},{p},{p},{p},{p},{p})",
             (
@@ -398,9 +361,10 @@ class SqlTables(Tables):
                 attempt.status.value,
                 attempt.worker_id,
                 int(not attempt.status.is_terminal),
-                attempt.model_dump_json(),
+                data,
             ),
         )
+        self._note_attempt(attempt, data)
         self.conn.execute(
             f"UPDATE rollouts SET attempt_id={p} WHERE rollout_id={p}",
             (attempt.attempt_id, attempt.rollout_id),
@@ -408,17 +372,16 @@ class SqlTables(Tables):
 
     def save_attempt(self, attempt: Attempt) -> None:
         p = self.p
+        data = attempt.model_dump_json()
         self.conn.execute(
             f"UPDATE attempts SET status={p}, live={p}, data={p} WHERE attempt_id={p}",
-            (
-                attempt.status.value,
-                int(not attempt.status.is_terminal),
-                attempt.model_dump_json(),
-                attempt.attempt_id,
-            ),
+            (attempt.status.value, int(not attempt.status.is_terminal), data, attempt.attempt_id),
         )
+        self._note_attempt(attempt, data)
 
     def live_attempts(self, rollout_id: str | None = None) -> list[tuple[Attempt, Rollout]]:
+        if rollout_id is not None and self._live.get(rollout_id) == set():
+            return []  # known from the prefetch and the writes since: none (the usual case)
         sql = "SELECT a.data, r.data FROM attempts a JOIN rollouts r ON a.rollout_id=r.rollout_id WHERE a.live=1"
         args: tuple[Any, ...] = ()
         if rollout_id is not None:
@@ -431,12 +394,29 @@ class SqlTables(Tables):
         return None if row is None else _worker(row)
 
     def save_worker(self, worker: Worker) -> None:
+        self._upsert_worker(
+            worker, "status", "last_heartbeat_at", "current_rollout_id", "current_attempt_id", "host"
+        )
+
+    def touch_worker(self, worker_id: str, now: float) -> None:
+        self._upsert_worker(Worker(worker_id=worker_id, last_heartbeat_at=now), "last_heartbeat_at")
+
+    def claim_worker(self, worker_id: str, now: float, rollout_id: str, attempt_id: str) -> None:
+        worker = Worker(
+            worker_id=worker_id,
+            status=WorkerStatus.BUSY,
+            last_heartbeat_at=now,
+            current_rollout_id=rollout_id,
+            current_attempt_id=attempt_id,
+        )
+        self._upsert_worker(worker, "status", "last_heartbeat_at", "current_rollout_id", "current_attempt_id")
+
+    def _upsert_worker(self, worker: Worker, *changed: str) -> None:
+        """``worker`` as a new row, or only its ``changed`` columns written over an existing one."""
         p = self.p
         self.conn.execute(
-            f"INSERT INTO workers ({_WORKER_COLUMNS}) VALUES ({p},{p},{p},{p},{p},{p}) ON CONFLICT(worker_id) DO UPDATE "
-            "SET status=excluded.status, last_heartbeat_at=excluded.last_heartbeat_at, "
-            "current_rollout_id=excluded.current_rollout_id, current_attempt_id=excluded.current_attempt_id, "
-            "host=excluded.host",
+            f"INSERT INTO workers ({_WORKER_COLUMNS}) VALUES ({p},{p},{p},{p},{p},{p}) ON CONFLICT(worker_id) "
+            f"DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in changed)}",
             (
                 worker.worker_id,
                 worker.status.value,
@@ -447,19 +427,33 @@ class SqlTables(Tables):
             ),
         )
 
+    def release_worker(self, worker_id: str, attempt_id: str) -> None:
+        p = self.p
+        self.conn.execute(
+            f"UPDATE workers SET status={p}, current_rollout_id=NULL, current_attempt_id=NULL "
+            f"WHERE worker_id={p} AND current_attempt_id={p}",
+            (WorkerStatus.IDLE.value, worker_id, attempt_id),
+        )
+
     def insert_spans(self, spans: list[Span]) -> list[Span]:
-        """Duplicates are found with one SELECT per attempt, then the rest go in multi-row INSERTs."""
+        """Duplicates are found with one SELECT per attempt (unless prefetched), then the rest go in
+        multi-row INSERTs."""
         p = self.p
         keys: dict[tuple[str, str], list[str]] = {}
         for span in spans:
             keys.setdefault((span.rollout_id, span.attempt_id), []).append(span.span_id)
         seen: set[tuple[str, str, str]] = set()
         for (rid, aid), span_ids in keys.items():
+            checked, found = self._stored.get((rid, aid), (set(), set()))
+            if checked.issuperset(span_ids):
+                seen.update((rid, aid, span_id) for span_id in found)
+                continue
             rows = self.conn.execute(
                 f"SELECT span_id FROM spans WHERE rollout_id={p} AND attempt_id={p} AND span_id IN ({','.join([p] * len(span_ids))})",
                 (rid, aid, *span_ids),
             ).fetchall()
             seen.update((rid, aid, r[0]) for r in rows)
+        self._stored.clear()  # the spans stored below change the answer
         next_seq: dict[str, int] = {}
         stored: list[Span] = []
         rows_out: list[tuple[Any, ...]] = []
@@ -470,7 +464,10 @@ class SqlTables(Tables):
             seen.add(key)
             rid = span.rollout_id
             if rid not in next_seq:
-                next_seq[rid] = int(self._one(f"SELECT next_seq FROM rollouts WHERE rollout_id={p}", rid)[0])
+                known = self._next_seq.get(rid)
+                if known is None:
+                    known = int(self._one(f"SELECT next_seq FROM rollouts WHERE rollout_id={p}", rid)[0])
+                next_seq[rid] = known
             seq = next_seq[rid]
             if span.sequence_id is None:
                 span = span.model_copy(update={"sequence_id": seq})
@@ -489,31 +486,34 @@ class SqlTables(Tables):
                 [v for row in chunk for v in row],
             )
         for rid, seq in next_seq.items():
+            self._wrote(rid)
             self.conn.execute(
                 f"UPDATE rollouts SET next_seq={self.d.greatest}(next_seq, {p}) WHERE rollout_id={p}",
                 (seq, rid),
             )
+            if rid in self._next_seq:
+                self._next_seq[rid] = max(self._next_seq[rid], seq)
         if stored:
-            self._counter("spans", len(stored))
-            self._counter("span_bytes", sum(row[5] for row in rows_out))
-            states: dict[tuple[str, str], DigestState] = {}
+            deferred = Deferred() if self.deferred is None else self.deferred
+            deferred.spans += len(stored)
+            deferred.span_bytes += sum(row[5] for row in rows_out)
             for span in stored:
                 slots = span_digest(span.name, span.attributes)
                 if slots:
-                    attempt = (span.rollout_id, span.attempt_id)
-                    merge_digest(states.setdefault(attempt, {}), span.sequence_id or 0, slots)
-            write_digests(self.conn, self.d, states)
+                    deferred.add_digest((span.rollout_id, span.attempt_id), span.sequence_id or 0, slots)
+            if self.deferred is None:
+                deferred.flush(self.conn, self.d)
         return stored
 
     def digests(self, rollout_ids: Sequence[str] | None, after: int, limit: int) -> Page[AttemptDigest]:
         """Digests of latest attempts stamped after ``after``, by stamp (one more read to see if more)."""
         p = self.p
-        where = [f"d.stamp > {p}", f"d.attempt_id={_LATEST.format(t='d')}"]
+        where = [f"d.stamp > {p}", f"d.attempt_id={LATEST_ATTEMPT.format(t='d')}"]
         args: list[Any] = [after]
         if rollout_ids is not None:
             where.append(f"d.rollout_id IN ({','.join([p] * len(rollout_ids))})" if rollout_ids else "1=0")
             args += list(rollout_ids)
-        columns = ", ".join(f"d.{c}" for c in _DIGEST_COLUMNS)
+        columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
         rows = self.conn.execute(
             f"SELECT {columns} FROM digests d WHERE {' AND '.join(where)} ORDER BY d.stamp LIMIT {p}",
             (*args, limit + 1),
@@ -560,7 +560,7 @@ class SqlTables(Tables):
         if not rows:
             total = self._one(f"SELECT COUNT(*) FROM ({sql}) c", *args)[0] if q.offset else 0
             return RolloutMatches(items=[], total=total)
-        columns = ", ".join(f"d.{c}" for c in _DIGEST_COLUMNS)
+        columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
         found = {
             row[0]: row[1:]
             for row in self.conn.execute(
@@ -578,6 +578,8 @@ class SqlTables(Tables):
         return RolloutMatches(items=items, total=rows[0][1])
 
     def next_sequence_id(self, rollout_id: str) -> int:
+        self._next_seq.pop(rollout_id, None)
+        self._wrote(rollout_id)
         row = self._one(
             f"UPDATE rollouts SET next_seq=next_seq+1 WHERE rollout_id={self.p} RETURNING next_seq",
             rollout_id,
@@ -644,6 +646,20 @@ _MODELS: dict[str, Any] = {
 }
 
 
+class _SqlCall(Generic[R]):
+    """A unit of work as the group-commit thread runs it: over :class:`SqlTables` of its connection,
+    with the rows it will read (``Reads``) in sight of the thread."""
+
+    __slots__ = ("dialect", "fn", "reads")
+
+    def __init__(self, fn: Work[R], dialect: Dialect) -> None:
+        self.fn, self.dialect = fn, dialect
+        self.reads: ReadList = fn.reads if isinstance(fn, Reads) else []
+
+    def __call__(self, conn: Any, finished: list[str]) -> R:
+        return self.fn(SqlTables(conn, self.dialect), finished)
+
+
 class SqlLightningStore(TableStore):
     """The lifecycle over :class:`SqlTables` on one group-commit connection; queries as keyset SQL."""
 
@@ -664,8 +680,7 @@ class SqlLightningStore(TableStore):
         )
 
     async def _tx(self, fn: Work[R], *, write: bool = True) -> R:
-        dialect = self.dialect
-        return await self._db.call(lambda conn, finished: fn(SqlTables(conn, dialect), finished), write=write)
+        return await self._db.call(_SqlCall(fn, self.dialect), write=write)
 
     async def aclose(self) -> None:
         await super().aclose()

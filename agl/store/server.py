@@ -273,7 +273,9 @@ def create_app(
     hot = HotRoutes(
         [
             HotRoute("POST", f"{p}/rollouts/dequeue", w.DequeueRequest, _MAYBE_CLAIM, dequeue_call),
-            HotRoute("POST", f"{p}/spans", w.SpansRequest, _STORED_SPANS, add_spans_call),
+            HotRoute(
+                "POST", f"{p}/spans", w.SpansRequest, _STORED_SPANS, add_spans_call, w.parse_spans_request
+            ),
             HotRoute("PATCH", attempt_path, w.AttemptPatch, _ATTEMPT, update_attempt_call),
             HotRoute("POST", f"{attempt_path}/heartbeat", None, _ROLLOUT, heartbeat_call),
         ]

@@ -14,7 +14,8 @@ import sqlite3
 from pathlib import Path
 
 from agl.schemas import now_s
-from agl.store._sql import SQLITE, SqlLightningStore, ddl, upgrade_tables
+from agl.store._sql import SqlLightningStore
+from agl.store._sql_schema import SQLITE, ddl, upgrade_tables
 from agl.store.base import Clock
 
 

@@ -7,27 +7,10 @@ from typing import Any
 
 import orjson
 import pytest
-
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError as exc:  # never a silent skip: the dev extra provides it (via schemathesis)
-    raise ImportError("hypothesis is missing; install the dev extra: pip install -e '.[dev]'") from exc
+from hypothesis import given, settings
 
 from agl.schemas._base import MAX_JSON_DEPTH, check_json
-
-scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**65), max_value=2**65)
-    | st.floats(allow_nan=True, allow_infinity=True)
-    | st.text(max_size=8)
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
-    max_leaves=30,
-)
+from tests.support.json_values import values
 
 
 def depth(value: Any) -> int:

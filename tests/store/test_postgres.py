@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
+import psycopg
+import pytest
+
+from agl.errors import ConflictError, NotFoundError, StaleAttemptError, StoreError
 from agl.schemas import AttemptStatus, RolloutCreate, Span
 from agl.store import open_store
-from agl.store.postgres import PostgresLightningStore
+from agl.store._sqlite_thread import GroupCommitThread
+from agl.store.postgres import PostgresLightningStore, _PipelinedGroupCommit
 from tests.store.remote_backends import PG_DSN, postgres_store, serve
 from tests.support.waiting import until
 
@@ -83,3 +90,182 @@ async def test_notify_splits_many_long_ids_under_the_payload_limit() -> None:
             assert sorted(r.rollout_id for r in done) == ids
         finally:
             await second.aclose()
+
+
+@pytest.fixture
+def groups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """Each group the PostgreSQL store ran: (its number of calls, whether it was run again carefully)."""
+    seen: list[tuple[int, bool]] = []
+    pipelined = _PipelinedGroupCommit._run_group
+    careful = GroupCommitThread._run_group
+
+    def run_group(self: Any, batch: list[Any]) -> None:
+        seen.append((len(batch), False))
+        pipelined(self, batch)
+
+    def run_carefully(self: Any, batch: list[Any]) -> None:
+        if isinstance(self, _PipelinedGroupCommit):
+            seen[-1] = (len(batch), True)
+        careful(self, batch)
+
+    monkeypatch.setattr(_PipelinedGroupCommit, "_run_group", run_group)
+    monkeypatch.setattr(GroupCommitThread, "_run_group", run_carefully)
+    return seen
+
+
+async def _hold_the_database_thread(store: PostgresLightningStore, seconds: float) -> asyncio.Task[None]:
+    """A call that keeps the store's database thread busy, so the calls queued meanwhile share one group."""
+    started = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def hold(t: Any, _: list[str]) -> None:
+        loop.call_soon_threadsafe(started.set)
+        time.sleep(seconds)
+
+    task = asyncio.create_task(store._tx(hold, write=False))
+    await started.wait()
+    return task
+
+
+async def test_a_call_failing_after_it_wrote_is_undone_alone(groups: list[tuple[int, bool]]) -> None:
+    """Pipelined groups run without savepoints; a call that fails after writing sends its group round
+    again the careful way, and only that call's writes are lost."""
+    async with postgres_store() as store:
+        assert isinstance(store, PostgresLightningStore)
+        rollouts = await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(3)])
+
+        def write_then_fail(t: Any, _: list[str]) -> None:
+            t.touch_worker("doomed", 1.0)
+            raise ConflictError("refused after writing")
+
+        held = await _hold_the_database_thread(store, 0.3)
+        claims = [asyncio.create_task(store.dequeue(f"w{i}")) for i in range(2)]
+        failing = asyncio.create_task(store._tx(write_then_fail))
+        claims.append(asyncio.create_task(store.dequeue("w2")))
+        await held
+        claimed = [await c for c in claims]
+        with pytest.raises(ConflictError, match="refused after writing"):
+            await failing
+        assert sorted(c.rollout.rollout_id for c in claimed if c) == sorted(r.rollout_id for r in rollouts)
+        workers = {w.worker_id for w in (await store.query_workers()).items}
+        assert workers == {"w0", "w1", "w2"}  # "doomed" was rolled back, the claims were not
+        assert (4, True) in groups  # the four calls shared a group, and it was run again
+
+
+async def test_a_database_error_fails_only_its_call(groups: list[tuple[int, bool]]) -> None:
+    async with postgres_store() as store:
+        assert isinstance(store, PostgresLightningStore)
+        await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(2)])
+
+        def bad_sql(t: Any, _: list[str]) -> None:
+            t.conn.execute("UPDATE rollouts SET no_such_column=1")
+
+        held = await _hold_the_database_thread(store, 0.3)
+        first = asyncio.create_task(store.dequeue("w0"))
+        failing = asyncio.create_task(store._tx(bad_sql))
+        second = asyncio.create_task(store.dequeue("w1"))
+        await held
+        assert await first is not None and await second is not None
+        with pytest.raises(StoreError, match="no_such_column"):
+            await failing
+        assert (await store.statistics()).rollouts_by_status == {"preparing": 2}
+        assert (3, True) in groups
+
+
+async def test_a_read_sees_the_span_counters_and_digests_of_its_group(
+    groups: list[tuple[int, bool]],
+) -> None:
+    """Span counters and digests wait for the group's end; a read queued after a span batch sees them."""
+    async with postgres_store() as store:
+        assert isinstance(store, PostgresLightningStore)
+        await store.enqueue_rollouts([RolloutCreate(input=1)])
+        claim = await store.dequeue("w")
+        assert claim is not None
+        rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+        held = await _hold_the_database_thread(store, 0.3)
+        batch = [Span.new(rid, aid, "agl.reward", {"agl.reward.value": 0.5}), Span.new(rid, aid, "step")]
+        added = asyncio.create_task(store.add_spans(batch))
+        stats = asyncio.create_task(store.statistics())
+        digests = asyncio.create_task(store.query_digests(rollout_ids=[rid]))
+        more = asyncio.create_task(
+            store.add_spans([Span.new(rid, aid, "agl.reward", {"agl.reward.value": 2.0})])
+        )
+        await held
+        assert len(await added) == 2 and len(await more) == 1
+        assert (await stats).spans == 2 and (await stats).span_bytes > 0
+        (digest,) = (await digests).items
+        assert digest.reward == 0.5
+        final = await store.statistics()
+        (latest,) = (await store.query_digests(rollout_ids=[rid])).items
+        assert final.spans == 3 and latest.reward == 2.0 and latest.stamp > digest.stamp
+        assert (4, False) in groups  # one pipelined group held the four calls
+
+
+async def test_nul_in_a_text_column_is_stored_as_replacement_character() -> None:
+    """The Python API takes ids unchecked; PostgreSQL text cannot hold NUL, so it becomes U+FFFD there."""
+    async with postgres_store() as store:
+        await store.enqueue_rollouts([RolloutCreate(input="nul \u0000 inside")])
+        claim = await store.dequeue("w\u0000")
+        assert claim is not None and claim.rollout.input == "nul \u0000 inside"
+        assert (await store.get_worker("w\ufffd")).current_rollout_id == claim.rollout.rollout_id
+
+
+async def test_span_json_is_compressed_with_lz4_where_the_server_has_it() -> None:
+    async with postgres_store() as store:
+        assert isinstance(store, PostgresLightningStore)
+        with psycopg.connect(PG_DSN, autocommit=True) as conn:
+            (lz4,) = conn.execute(
+                "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name='default_toast_compression'"
+            ).fetchone() or (False,)
+            row = conn.execute(
+                "SELECT attcompression FROM pg_attribute WHERE attrelid=%s::regclass AND attname='data'",
+                (f'"{store.schema}".spans',),
+            ).fetchone()
+        assert row is not None
+        (method,) = row
+        assert method == ("l" if lz4 else "")
+
+
+async def test_calls_of_one_group_read_their_rows_together(
+    groups: list[tuple[int, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows a group's calls name are read once for all; a call whose rollout an earlier call of the
+    group wrote reads again, so it sees that write (a duplicate span, a finished attempt)."""
+    import agl.store.postgres as pg
+
+    read_aheads: list[int] = []
+    original = pg.read_ahead
+
+    def counting(conn: Any, reads: Any) -> Any:
+        read_aheads.append(len(reads))
+        return original(conn, reads)
+
+    monkeypatch.setattr(pg, "read_ahead", counting)
+    async with postgres_store() as store:
+        assert isinstance(store, PostgresLightningStore)
+        await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(3)])
+        c0, c1, c2 = [await store.dequeue(f"w{i}") for i in range(3)]
+        assert c0 is not None and c1 is not None and c2 is not None
+        ids = [(c.rollout.rollout_id, c.attempt.attempt_id) for c in (c0, c1, c2)]
+        s, t = Span.new(*ids[1], "s"), Span.new(*ids[1], "t")
+        held = await _hold_the_database_thread(store, 0.3)
+        calls = [
+            store.heartbeat(*ids[0]),
+            store.add_spans([Span.new(*ids[1], "r"), s]),
+            store.add_spans([s, t]),  # s again: the first call stored it
+            store.update_attempt(*ids[2], status=AttemptStatus.SUCCEEDED),
+            store.heartbeat(*ids[2]),  # after the attempt finished
+            store.heartbeat("ro-missing", "at-missing"),
+        ]
+        tasks = [asyncio.create_task(c) for c in calls]
+        await held
+        results: list[Any] = await asyncio.gather(*tasks, return_exceptions=True)
+        assert results[0].rollout_id == ids[0][0]
+        assert [x.sequence_id for x in results[1]] == [1, 2]
+        assert [(x.span_id, x.sequence_id) for x in results[2]] == [(t.span_id, 3)]
+        assert results[3].status == "succeeded"
+        assert isinstance(results[4], StaleAttemptError)
+        assert isinstance(results[5], NotFoundError)
+        assert (6, False) in groups and read_aheads == [6]  # one pipelined group, one read for six calls
+        assert (await store.statistics()).spans == 3
+        assert (await store.get_worker("w2")).current_attempt_id is None
