@@ -16,6 +16,8 @@ validates each, as a tracer would).
     python benchmarks/store_cluster_load.py --backend postgresql://postgres@127.0.0.1:5432/test
     python benchmarks/store_cluster_load.py --backend postgresql://postgres@127.0.0.1:5432/test --servers 2
 
+PostgreSQL runs need psycopg: ``pip install -e '.[postgres]'`` (``make install`` has it).
+
 ``--py-spy DIR`` records each server with py-spy (``DIR/server-N.txt``, collapsed stacks) for profiling.
 """
 

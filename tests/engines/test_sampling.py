@@ -46,6 +46,23 @@ def test_tiny_top_p_keeps_only_the_top_token() -> None:
         assert step.token_ids == logits.argmax(-1).tolist()
 
 
+def test_draws_follow_the_tempered_distribution_and_skip_masked_tokens() -> None:
+    """Frequencies over 4,000 draws per row match softmax(logits / T) within 4 standard errors; a token
+    top-p removed (the least likely of three) is never drawn."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.1, 0.6, 0.3, 0.0]]))
+    gens = [make_generator(3, i) for i in range(2)]
+    counts = torch.zeros(2, 4)
+    draws = 4000
+    for _ in range(draws):
+        step = sample_step(logits, [1.0, 1.0], [1.0, 0.85], gens, [0, 0])
+        for row, token in enumerate(step.token_ids):
+            counts[row, token] += 1
+    expected = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.6 / 0.9, 0.3 / 0.9, 0.0]])
+    error = 4 * (expected * (1 - expected) / draws).sqrt()
+    assert ((counts / draws - expected).abs() <= error + 1e-9).all(), counts
+    assert counts[:, 3].sum() == 0 and counts[1, 0] == 0  # zero mass; row 1's top-p of 0.85 cuts token 0
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

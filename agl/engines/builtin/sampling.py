@@ -57,6 +57,18 @@ def make_generator(seed: int | None, index: int) -> torch.Generator:
     return gen
 
 
+def _inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator]) -> list[int]:
+    """One token per row of ``probs`` [R, V] (unnormalised, >= 0): the first whose cumulative mass passes a
+    uniform draw from that row's generator. One batched cumsum instead of a ``torch.multinomial`` per row,
+    which took ~3 ms a row over a 49k vocabulary here (a third of a SmolLM2 decode step at 8 rows).
+    A token of zero probability is never drawn (``right``: the first cumulative mass strictly above it)."""
+    cdf = probs.double().cumsum(dim=-1)
+    uniform = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+    target = (uniform.to(cdf.device) * cdf[:, -1]).unsqueeze(1)
+    ids = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+    return [int(i) for i in ids.tolist()]
+
+
 @dataclass
 class StepSample:
     """One sampled token per row: the id, its raw logprob and optionally the top-k raw logprobs."""
@@ -90,11 +102,9 @@ def sample_step(
             drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-        probs = (probs / probs.sum(dim=-1, keepdim=True)).cpu()
-        drawn = {
-            row: int(torch.multinomial(probs[j], 1, generator=generators[row]).item())
-            for j, row in enumerate(sampled_rows)
-        }
+        drawn = dict(
+            zip(sampled_rows, _inverse_cdf(probs, [generators[i] for i in sampled_rows]), strict=True)
+        )
     else:
         drawn = {}
     chosen = [drawn.get(i, greedy[i]) for i in range(len(temperatures))]
