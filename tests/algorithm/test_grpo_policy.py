@@ -18,6 +18,7 @@ from agl.models import tiny_model
 from agl.schemas import Span
 from tests.adapter.spans import SpanMaker
 from tests.algorithm.engine_gaps import engine_logprob_gaps
+from tests.support.gradients import batch_gradient
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +60,6 @@ def _batch(level: str) -> tuple[list[Sample], list[float], list[int]]:
     return samples, advantages, index
 
 
-def _grads(
-    policy: Policy, samples: list[Sample], adv: list[float], index: list[int]
-) -> dict[str, torch.Tensor]:
-    policy.optimizer.zero_grad(set_to_none=True)
-    policy.accumulate(samples, adv, index)
-    grads = {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
-    policy.optimizer.zero_grad(set_to_none=True)
-    return grads
-
-
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys() and len(a) > 0
     for name in a:
@@ -84,14 +75,14 @@ def test_a_merged_trajectory_gives_the_gradient_of_its_transitions(policy: Polic
     split = _batch("transition")
     assert sum(s.num_model_tokens for s in merged[0]) == sum(s.num_model_tokens for s in split[0])
     assert sum(len(s.input_ids) for s in merged[0]) < sum(len(s.input_ids) for s in split[0])
-    _assert_same(_grads(policy, *merged), _grads(policy, *split))
+    _assert_same(batch_gradient(policy, *merged), batch_gradient(policy, *split))
     policy.loss_config = LossConfig()
 
 
 def test_sequence_mean_is_not_merge_invariant(policy: Policy) -> None:
     # the control for the test above: per-sample normalisation must see the different split
     policy.loss_config = LossConfig(aggregation="sequence_mean")
-    a, b = _grads(policy, *_batch("trajectory")), _grads(policy, *_batch("transition"))
+    a, b = batch_gradient(policy, *_batch("trajectory")), batch_gradient(policy, *_batch("transition"))
     policy.loss_config = LossConfig()
     assert any(not torch.allclose(a[n], b[n], rtol=1e-3, atol=1e-6) for n in a)
 
@@ -104,7 +95,7 @@ def test_micro_batches_give_the_gradient_of_one_batch(tiny: Path, aggregation: s
     samples, adv, index = _batch("transition")
     assert len(whole.micro_batches(samples)) == 1
     assert len(small.micro_batches(samples)) >= 4
-    _assert_same(_grads(whole, samples, adv, index), _grads(small, samples, adv, index))
+    _assert_same(batch_gradient(whole, samples, adv, index), batch_gradient(small, samples, adv, index))
 
 
 def _checkpointing(model: torch.nn.Module) -> bool:
@@ -120,7 +111,7 @@ def test_activation_checkpointing_gives_the_same_gradient(tiny: Path, lora_rank:
     recomputed = Policy(dataclasses.replace(config, activation_checkpointing=True), LossConfig())
     assert _checkpointing(recomputed.model) and not _checkpointing(plain.model)
     batch = _batch("trajectory")
-    _assert_same(_grads(plain, *batch), _grads(recomputed, *batch))
+    _assert_same(batch_gradient(plain, *batch), batch_gradient(recomputed, *batch))
 
 
 def test_collate_shifts_masks_to_the_predicted_token() -> None:

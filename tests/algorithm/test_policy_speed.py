@@ -15,6 +15,7 @@ from agl.algorithm.memory import PLAIN_CPU_TOKENS, plain_tokens_for
 from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.model import Policy, PolicyConfig
 from agl.models import tiny_model
+from tests.support.gradients import batch_gradient
 
 
 @pytest.fixture(scope="module")
@@ -67,22 +68,12 @@ def test_checkpointing_always_on_when_asked(tiny: Path) -> None:
     assert True in _checkpointed_calls(policy, *_samples(4, 32))
 
 
-def _grads(
-    policy: Policy, samples: list[Sample], adv: list[float], index: list[int]
-) -> dict[str, torch.Tensor]:
-    policy.optimizer.zero_grad(set_to_none=True)
-    policy.accumulate(samples, adv, index)
-    grads = {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
-    policy.optimizer.zero_grad(set_to_none=True)
-    return grads
-
-
 def test_a_whole_small_micro_batch_gives_the_checkpointed_gradient(tiny: Path) -> None:
     config = PolicyConfig(model_path=str(tiny), lr=0.0, activation_checkpointing=True)
     always = Policy(config, LossConfig())
     auto = Policy(PolicyConfig(model_path=str(tiny), lr=0.0), LossConfig())
     batch = _samples(6, 40)
-    a, b = _grads(always, *batch), _grads(auto, *batch)
+    a, b = batch_gradient(always, *batch), batch_gradient(auto, *batch)
     assert a.keys() == b.keys() and a
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-7, msg=name)
