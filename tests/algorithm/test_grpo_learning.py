@@ -157,7 +157,9 @@ async def test_grpo_steps_on_the_tiny_model_raise_the_reward(tmp_path: Path, pre
         for q in ("What is 2 plus 2?", "Hi", "Solve 7 times 3")
     ]
     curve, gen_version = [], engine.model_version
-    for step in range(8):
+    # 12 steps: the reward's rise over 8 depended on the seeds' luck (+0.09 to +0.49 over four seed offsets);
+    # over 12 it cleared the bar below on all four (+0.39 to +0.48, fp32)
+    for step in range(12):
         rollouts, spans, mean = await _sample_step(engine, prompts, config.group_size, step)
         curve.append(mean)
         batch = build_batch(rollouts, spans, config)
