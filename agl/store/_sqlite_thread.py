@@ -44,6 +44,11 @@ def _deliver(future: asyncio.Future[Any], result: Any, error: BaseException | No
         future.set_result(result)
 
 
+def _deliver_all(answered: list[tuple[asyncio.Future[Any], Any, Any]]) -> None:
+    for future, result, error in answered:
+        _deliver(future, result, error)
+
+
 def _convert(exc: Exception) -> Exception:
     """Database driver errors become StoreError (cause kept); agl's own errors pass through."""
     if isinstance(exc, AglError):
@@ -129,11 +134,19 @@ class GroupCommitThread:
                 conn.execute("ROLLBACK")
             group_error = _convert(exc)
             outcomes = [(op, None, group_error) for op in batch]
+        self._answer(outcomes)
+
+    def _answer(self, outcomes: list[tuple[_Op, Any, BaseException | None]]) -> None:
+        """Announce the group's finished rollouts, then hand each caller its outcome: one wake-up per
+        event loop, not one per call."""
+        answers: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, Any]]] = {}
         for op, result, error in outcomes:
             if error is None and op.finished:
                 self._on_finished(op.finished)
+            answers.setdefault(op.loop, []).append((op.future, result, error))
+        for loop, answered in answers.items():
             with contextlib.suppress(RuntimeError):  # the caller's loop has closed
-                op.loop.call_soon_threadsafe(_deliver, op.future, result, error)
+                loop.call_soon_threadsafe(_deliver_all, answered)
 
     def _run_op(self, op: _Op, tries: int = 8) -> tuple[_Op, Any, BaseException | None]:
         """One call in its own savepoint; a deadlock or serialization failure is retried in place."""

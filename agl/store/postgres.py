@@ -16,7 +16,6 @@ wait per statement), so outcomes never differ.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import threading
@@ -29,7 +28,7 @@ from agl.errors import missing_extra
 from agl.schemas import now_s
 from agl.store._sql import Deferred, ReadAhead, SqlLightningStore
 from agl.store._sql_schema import POSTGRES, ddl, upgrade_tables
-from agl.store._sqlite_thread import GroupCommitThread, _convert, _deliver, _Op
+from agl.store._sqlite_thread import GroupCommitThread, _convert, _Op
 from agl.store.base import Clock
 
 
@@ -190,14 +189,7 @@ class _PipelinedGroupCommit(GroupCommitThread):
                 op.finished.clear()
             super()._run_group(batch)  # savepoints and a wait per statement, retries included
             return
-        answers: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any, Any]]] = {}
-        for op, result, error in outcomes:
-            if error is None and op.finished:
-                self._on_finished(op.finished)
-            answers.setdefault(op.loop, []).append((op.future, result, error))
-        for loop, answered in answers.items():  # one wake-up per event loop, not one per call
-            with contextlib.suppress(RuntimeError):  # the caller's loop has closed
-                loop.call_soon_threadsafe(_deliver_all, answered)
+        self._answer(outcomes)
 
     def _run_pipelined(self, batch: list[_Op]) -> list[tuple[_Op, Any, BaseException | None]]:
         import psycopg
@@ -274,11 +266,6 @@ def read_ahead(conn: Any, reads: Sequence[tuple[str, str, Sequence[str]]]) -> Re
     for rollout_id, attempt_id, span_id in spans.fetchall() if spans is not None else ():
         ahead.spans[(rollout_id, attempt_id)][1].add(span_id)
     return ahead
-
-
-def _deliver_all(answered: list[tuple[asyncio.Future[Any], Any, Any]]) -> None:
-    for future, result, error in answered:
-        _deliver(future, result, error)
 
 
 def _compress_spans_with_lz4(conn: Any) -> None:
