@@ -74,6 +74,7 @@ class GRPO(Algorithm):
                 device=cfg.device,
                 memory_budget_gb=cfg.memory_budget_gb,
                 precision=cfg.precision,
+                share_prefixes=cfg.share_prefixes,
             ),
             cfg.loss,
         )

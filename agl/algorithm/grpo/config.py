@@ -30,6 +30,9 @@ class GRPOConfig:
     # "auto": the policy's and the built-in engine's matmuls in bf16 on a CPU with native bf16 (2x faster
     # steps there), else fp32; "fp32" or "bf16" to choose (agl/algorithm/precision.py)
     precision: Precision = "auto"
+    # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
+    # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)
+    share_prefixes: bool = True
     lora_rank: int = 0
     scale_by_std: bool = True  # False: Dr. GRPO (no std division)
     level: Literal["trajectory", "transition"] = "trajectory"

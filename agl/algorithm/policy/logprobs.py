@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from agl.algorithm.policy.prefix import PrefixRows, shared_hidden
+
 # config attributes of HF models whose logits are changed after the output head
 _AFTER_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 CHUNK_TOKENS = 1024
@@ -31,13 +33,15 @@ def token_logprobs(
     *,
     recompute_head: bool = True,
     only: torch.Tensor | None = None,
+    prefixes: PrefixRows | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T-1) log-probs of each next token, and the (B, T-1) entropy of the predicted distribution.
 
     ``chunk_tokens=None`` computes them from the model's full logits (the reference path);
     ``recompute_head=False`` keeps each chunk's logits for the backward pass instead of recomputing them
     (faster, for micro-batches small enough to hold them). ``only``: a (B, T-1) mask of the positions
-    wanted (the loss's); the head runs on those alone, and the others come back as 0.
+    wanted (the loss's); the head runs on those alone, and the others come back as 0. ``prefixes``: run
+    each shared prefix once (:mod:`agl.algorithm.policy.prefix`); positions inside one come back as 0.
     """
     head = model.get_output_embeddings()
     if chunk_tokens is None or not _head_is_last(model, head):
@@ -45,10 +49,20 @@ def token_logprobs(
         if only is None:
             return full_taken, full_entropy
         return full_taken * only, full_entropy * only
+    columns = None
     with _bypassed(head):
-        hidden = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # (B, T-1, H)
+        if prefixes is None:
+            hidden = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]  # (B, T-1, H)
+            targets = input_ids[:, 1:]
+        else:  # row b's outputs start at its prefix's end: columns[b, j] is where output j belongs
+            hidden, columns = shared_hidden(model, input_ids, attention, prefixes)
+            hidden, columns = hidden[:, :-1], columns[:, :-1]  # (B, S-1, H)
+            limit = input_ids.shape[1] - 1
+            targets = input_ids.gather(1, (columns + 1).clamp(max=limit))
+            wanted = only if only is not None else attention[:, 1:] > 0
+            only = wanted.gather(1, columns.clamp(max=limit - 1)) & (columns < limit)
     batch, width, size = hidden.shape
-    flat, targets = hidden.reshape(-1, size), input_ids[:, 1:].reshape(-1)
+    flat, targets = hidden.reshape(-1, size), targets.reshape(-1)
     index = None
     if only is not None and bool(only.any()):
         # prompt and tool tokens carry no loss: the (positions x vocabulary) head is most of the step's
@@ -75,7 +89,16 @@ def token_logprobs(
     if index is not None:
         all_taken = all_taken.new_zeros(batch * width).index_copy(0, index, all_taken)
         all_entropy = all_entropy.new_zeros(batch * width).index_copy(0, index, all_entropy)
-    return all_taken.view(batch, width), all_entropy.view(batch, width)
+    taken_rows, entropy_rows = all_taken.view(batch, width), all_entropy.view(batch, width)
+    if columns is None:
+        return taken_rows, entropy_rows
+    # back to whole-row positions; each row's columns are distinct, and those past the row fall off the end
+    full = input_ids.shape[1] - 1
+    place = taken_rows.new_zeros(batch, full + width)
+    return (
+        place.scatter(1, columns, taken_rows)[:, :full],
+        place.scatter(1, columns, entropy_rows)[:, :full],
+    )
 
 
 def _chunk(

@@ -36,6 +36,7 @@ from agl.algorithm.memory import (
 from agl.algorithm.policy import collective
 from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.loss import LossConfig, grpo_loss, token_weights
+from agl.algorithm.policy.prefix import PrefixRows, SharedPrefixes, shares
 from agl.algorithm.precision import Precision, autocast, resolve_precision
 from agl.errors import ConfigError
 
@@ -59,6 +60,8 @@ class PolicyConfig:
     memory_budget_gb: float | None = None  # None: a fraction of the RAM (or VRAM) this process could have
     # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
     precision: Precision = "auto"
+    # run a prompt prefix that several samples share once per micro-batch (agl/algorithm/policy/prefix.py)
+    share_prefixes: bool = True
 
 
 @dataclass
@@ -180,6 +183,12 @@ class Policy:
             params, lr=config.lr, weight_decay=config.weight_decay, fused=_fusable(params)
         )
         self.plain_tokens = plain_tokens_for(config.activation_checkpointing, self.device)
+        self.checkpointing = checkpointing_for(config.activation_checkpointing, self.device)
+        # prefix sharing needs plain forward passes: off when every micro-batch is checkpointed
+        self.share_prefixes = (
+            config.share_prefixes and shares(model) and (self.plain_tokens > 0 or not self.checkpointing)
+        )
+        self.prefixes = SharedPrefixes.none(0)  # the current step's, set by accumulate and sft_step
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
         self.sizer = MicroBatchSizer(config.micro_batch_tokens, self.device, config.memory_budget_gb)
@@ -194,16 +203,39 @@ class Policy:
         with checkpointing_paused(self.model, plain):
             yield not plain
 
+    def find_prefixes(self, samples: Sequence[Sample]) -> SharedPrefixes:
+        """The shared prompt prefixes of a step's samples (none when this policy does not share them)."""
+        return SharedPrefixes.find(samples) if self.share_prefixes else SharedPrefixes.none(len(samples))
+
+    def _limit(self) -> int:
+        """The micro-batch token limit; with shared prefixes, at most what runs without checkpointing
+        (a checkpointed micro-batch cannot share: its replayed layers would write the cache twice)."""
+        if self.checkpointing and any(self.prefixes.length):
+            return min(self.sizer.limit, self.plain_tokens)
+        return self.sizer.limit
+
     def micro_batches(self, samples: Sequence[Sample], limit: int | None = None) -> list[list[int]]:
-        """Sample indices grouped so each group's padded size stays within ``limit`` tokens (default:
-        the current micro-batch limit); shortest first, a sample longer than the limit goes alone."""
-        order = sorted(range(len(samples)), key=lambda i: len(samples[i].input_ids))
+        """Sample indices grouped so each group's computed size stays within ``limit`` tokens (default:
+        the current micro-batch limit): families of a shared prefix together, shortest first, and a
+        sample longer than the limit alone."""
+        lengths = [len(s.input_ids) for s in samples]
+        self.prefixes = self.find_prefixes(samples)
+        order = self.prefixes.order(range(len(samples)), lengths)
         groups: list[list[int]] = []
         while order:
-            group = _next_group(order, [len(s.input_ids) for s in samples], limit or self.sizer.limit)
-            groups.append(group)
-            order = order[len(group) :]
+            groups.append(
+                _next_group(order, lambda g: self.prefixes.cost(g, lengths), limit or self._limit())
+            )
+            order = order[len(groups[-1]) :]
         return groups
+
+    def _shared_rows(self, group: Sequence[int], lengths: Sequence[int]) -> tuple[int, PrefixRows | None]:
+        """A micro-batch's computed tokens and its shared prefixes (None: it runs whole samples)."""
+        rows = self.prefixes.rows(group) if len(self.prefixes.length) == len(lengths) else None
+        tokens = self.prefixes.cost(group, lengths) if rows is not None else 0
+        if rows is None or (self.checkpointing and tokens > self.plain_tokens):
+            return len(group) * max(lengths[i] for i in group), None
+        return tokens, rows
 
     def _backprop(
         self,
@@ -220,14 +252,14 @@ class Policy:
         while True:
             release_free_memory()
             self.sizer.check_base(torch.cuda.memory_allocated(self.device) if cuda else self.monitor.sample())
-            order = sorted(mine, key=lambda i: lengths[i])
+            order = self.prefixes.order(mine, lengths)
             restart()
             self._update_peak = over = 0  # report the peak of the pass that counts
             group: list[int] = []
             while order and not over:
-                group = _next_group(order, lengths, self.sizer.limit)
+                group = _next_group(order, lambda g: self.prefixes.cost(g, lengths), self._limit())
                 order = order[len(group) :]
-                tokens = len(group) * max(lengths[i] for i in group)
+                tokens = self._shared_rows(group, lengths)[0]
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(self.device)
                     base = torch.cuda.memory_allocated(self.device)
@@ -287,18 +319,23 @@ class Policy:
         totals: dict[str, float] = dict.fromkeys(names, 0.0)
         n_tokens = max(float(full.mask.sum()), 1.0)
         mine = list(range(len(samples))) if only is None else list(only)
+        lengths = [len(s.input_ids) for s in samples]
+        self.prefixes = self.find_prefixes(samples)
 
         def work(group: list[int]) -> None:
             part = collate(
                 [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
             ).to(self.device)
             w = weights[torch.tensor(group), : part.input_ids.shape[1] - 1].to(self.device)  # (b, t-1)
-            with (
-                self._memory_mode(part.input_ids.numel()) as recompute,
-                autocast(self.precision, self.device),
-            ):
+            tokens, shared = self._shared_rows(group, lengths)
+            with self._memory_mode(tokens) as recompute, autocast(self.precision, self.device):
                 logprobs, entropy = token_logprobs(
-                    self.model, part.input_ids, part.attention, recompute_head=recompute, only=part.mask > 0
+                    self.model,
+                    part.input_ids,
+                    part.attention,
+                    recompute_head=recompute,
+                    only=part.mask > 0,
+                    prefixes=shared,
                 )
             # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
@@ -362,17 +399,22 @@ class Policy:
         self.optimizer.zero_grad(set_to_none=True)
         n_tokens = float(sum(s.num_model_tokens for s in samples))
         total = [0.0]
+        lengths = [len(s.input_ids) for s in samples]
+        self.prefixes = self.find_prefixes(samples)
 
         def work(group: list[int]) -> None:
             part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id).to(
                 self.device
             )
-            with (
-                self._memory_mode(part.input_ids.numel()) as recompute,
-                autocast(self.precision, self.device),
-            ):
+            tokens, shared = self._shared_rows(group, lengths)
+            with self._memory_mode(tokens) as recompute, autocast(self.precision, self.device):
                 logprobs, _ = token_logprobs(
-                    self.model, part.input_ids, part.attention, recompute_head=recompute, only=part.mask > 0
+                    self.model,
+                    part.input_ids,
+                    part.attention,
+                    recompute_head=recompute,
+                    only=part.mask > 0,
+                    prefixes=shared,
                 )
             loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
             self.monitor.sample()  # activations are all held here: the micro-batch's peak
@@ -438,11 +480,16 @@ def _fusable(params: Sequence[torch.Tensor]) -> bool:
     )
 
 
-def _next_group(order: Sequence[int], lengths: Sequence[int], limit: int) -> list[int]:
-    """The longest prefix of ``order`` (sorted by length) whose padded size stays within ``limit``."""
+def _next_group(order: Sequence[int], cost: Callable[[list[int]], int], limit: int) -> list[int]:
+    """The longest prefix of ``order`` whose ``cost`` (tokens computed) stays within ``limit``; at least one."""
     group = [order[0]]
     for i in order[1:]:
-        if lengths[i] * (len(group) + 1) > limit:  # sorted: ``i`` is the widest so far
+        if cost([*group, i]) > limit:
             break
         group.append(i)
     return group
+
+
+def padded_tokens(lengths: Sequence[int]) -> Callable[[list[int]], int]:
+    """The cost of a micro-batch of whole samples: its rows padded to the longest."""
+    return lambda group: len(group) * max(lengths[i] for i in group)

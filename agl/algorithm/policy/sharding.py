@@ -30,7 +30,7 @@ import torch.distributed as dist
 from agl.adapter.trajectory import Sample
 from agl.algorithm.memory import checkpointing_for, release_free_memory
 from agl.algorithm.policy import collective
-from agl.algorithm.policy.model import Policy, _next_group, enable_activation_checkpointing
+from agl.algorithm.policy.model import Policy, _next_group, enable_activation_checkpointing, padded_tokens
 from agl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,9 @@ class ShardedPolicy(Policy):
         policy.__class__ = cls  # as fully_shard does to the modules: same object, sharded behaviour
         sharded: ShardedPolicy = policy  # type: ignore[assignment]
         sharded.data_parallel = False  # FSDP reduces the gradients itself
+        # a shared prefix is a second forward pass, so a second round of all-gathers that ranks without
+        # one would not join: every rank runs whole samples
+        sharded.share_prefixes = False
         params = [p for p in sharded.model.parameters() if p.requires_grad]
         sharded.optimizer = torch.optim.AdamW(
             params, lr=policy.config.lr, weight_decay=policy.config.weight_decay
@@ -218,7 +221,7 @@ class ShardedPolicy(Policy):
             groups: list[list[int]] = []
             order = own
             while order:
-                groups.append(_next_group(order, lengths, limit))
+                groups.append(_next_group(order, padded_tokens(lengths), limit))
                 order = order[len(groups[-1]) :]
             passes = self._agree(len(groups), dist.ReduceOp.MAX)
             restart()
@@ -227,7 +230,7 @@ class ShardedPolicy(Policy):
                 mine_over = 0
                 if k < len(groups):
                     group = groups[k]
-                    tokens = len(group) * max(lengths[i] for i in group)
+                    tokens = padded_tokens(lengths)(group)
                     if cuda:
                         torch.cuda.reset_peak_memory_stats(self.device)
                         base = torch.cuda.memory_allocated(self.device)

@@ -57,6 +57,7 @@ class SFT(Algorithm):
             activation_checkpointing=cfg.activation_checkpointing,
             memory_budget_gb=cfg.memory_budget_gb,
             precision=cfg.precision,
+            share_prefixes=cfg.share_prefixes,
             seed=cfg.seed,
         )
 

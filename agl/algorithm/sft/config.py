@@ -62,6 +62,9 @@ class SFTConfig:
     memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
     # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
     precision: Precision = "auto"
+    # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
+    # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)
+    share_prefixes: bool = True
     export_jsonl: bool = True
     # offline: train `epochs` passes on succeeded rollouts already in this store (a URL for open_store, or a
     # LightningStore) instead of generating any; chosen by min_reward/top_k_per_task, agent and finish time
