@@ -132,9 +132,11 @@ def test_shared_prefixes_compute_fewer_positions(policies: tuple[Policy, Policy]
             lambda _m, args, _o, c=counted: c.__setitem__(0, c[0] + args[0].numel())
         )
         try:
-            batch_gradient(policy, samples, advantages, index)
+            computed = policy.accumulate(samples, advantages, index)["computed_tokens"]
         finally:
             hook.remove()
+            policy.optimizer.zero_grad(set_to_none=True)
+        assert computed == counted[0]  # the step's metric reports the positions the forward passes ran
         seen[policy.share_prefixes] = counted[0]
     lengths = [len(s.input_ids) for s in samples]
     assert seen[False] == len(samples) * max(lengths)

@@ -87,6 +87,25 @@ async def test_concurrent_requests_batch_and_match_solo(engine: Engine) -> None:
     assert [g.choices[0].token_ids for g in together] == solo
 
 
+async def test_equal_prompts_are_prefilled_once_and_sample_as_alone(engine: Engine) -> None:
+    """A GRPO group's rollouts send one prompt together: one prefill row serves them all."""
+    prompt = _chat(engine, "Name a colour")
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=6) for i in range(4)]
+    solo = [(await engine.generate(prompt, sp)).choices[0] for sp in params]
+    shapes: list[tuple[int, ...]] = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _o: shapes.append(tuple(args[0].shape))
+    )
+    try:
+        together = await asyncio.gather(*(engine.generate(prompt, sp) for sp in params))
+    finally:
+        hook.remove()
+    assert [s for s in shapes if s[1] > 1] == [(1, len(prompt))]  # decode steps feed one token per row
+    for gen, alone in zip(together, solo, strict=True):
+        assert gen.choices[0].token_ids == alone.token_ids
+        assert gen.choices[0].logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+
+
 async def test_token_fidelity_recomputed_logprobs_match(engine: Engine) -> None:
     prompts = [_chat(engine, "Tell me " + "a story " * i) for i in range(4)]
     gens = await asyncio.gather(

@@ -189,6 +189,7 @@ class Policy:
             config.share_prefixes and shares(model) and (self.plain_tokens > 0 or not self.checkpointing)
         )
         self.prefixes = SharedPrefixes.none(0)  # the current step's, set by accumulate and sft_step
+        self._last_groups: list[list[int]] = []  # the micro-batches of the last pass that counted
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
         self.sizer = MicroBatchSizer(config.micro_batch_tokens, self.device, config.memory_budget_gb)
@@ -256,8 +257,10 @@ class Policy:
             restart()
             self._update_peak = over = 0  # report the peak of the pass that counts
             group: list[int] = []
+            self._last_groups = []
             while order and not over:
                 group = _next_group(order, lambda g: self.prefixes.cost(g, lengths), self._limit())
+                self._last_groups.append(group)
                 order = order[len(group) :]
                 tokens = self._shared_rows(group, lengths)[0]
                 if cuda:
@@ -361,6 +364,8 @@ class Policy:
         self._backprop(samples, mine, work, restart=lambda: totals.update(dict.fromkeys(names, 0.0)))
         totals["trained_tokens"] = float(full.mask.sum())
         totals["processed_tokens"] = float(sum(len(s.input_ids) for s in samples))
+        # what the forward passes ran after shared prefixes (padding included): the step's real work
+        totals["computed_tokens"] = float(sum(self._shared_rows(g, lengths)[0] for g in self._last_groups))
         return totals
 
     def step(

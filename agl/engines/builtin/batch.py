@@ -105,12 +105,16 @@ class RunningBatch:
         """Prefill ``new`` (sampling their first token) and merge them into the batch."""
         from transformers import DynamicCache
 
-        width = max(len(s.prompt_ids) for s in new)
-        ids = torch.full((len(new), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(new), width), dtype=torch.long)
-        for row, seq in enumerate(new):
-            ids[row, width - len(seq.prompt_ids) :] = torch.tensor(seq.prompt_ids)
-            mask[row, width - len(seq.prompt_ids) :] = 1
+        # equal prompts (a request's n choices, a GRPO group's rollouts) are prefilled once and copied
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(s.prompt_ids), len(distinct)) for s in new]
+        prompts = list(distinct)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
@@ -122,7 +126,12 @@ class RunningBatch:
             logits_to_keep=1,
             **{self.cache_arg: cache},
         )
-        pending = self._sample(new, out.logits[:, -1, :])
+        logits = out.logits[:, -1, :]
+        if len(prompts) < len(new):
+            index = torch.tensor(rows, device=ids.device)
+            cache.batch_select_indices(index)
+            logits, mask, positions = logits[index], mask[index], positions[index]
+        pending = self._sample(new, logits)
         next_pos = positions[:, -1] + 1
         if not self.seqs:
             self.seqs, self.cache, self.mask, self.positions, self.pending = (
