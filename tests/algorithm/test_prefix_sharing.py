@@ -161,3 +161,16 @@ def test_checkpointing_everywhere_turns_sharing_off(tiny: Path) -> None:
     """A checkpointed layer replays its forward and would write the prefix cache twice."""
     config = PolicyConfig(model_path=str(tiny), activation_checkpointing=True)
     assert not Policy(config, LossConfig()).share_prefixes
+
+
+def test_lora_policy_shares_prefixes_with_the_same_gradient(tiny: Path) -> None:
+    """A PEFT wrapper passes the cache through to the base model; the adapters' gradients agree."""
+    samples, advantages, index = mixed_batch(7)
+    grads = []
+    for share in (True, False):
+        policy = Policy(PolicyConfig(model_path=str(tiny), lora_rank=4, share_prefixes=share), LossConfig())
+        assert policy.share_prefixes is share
+        grads.append(batch_gradient(policy, samples, advantages, index))
+    assert grads[0].keys() == grads[1].keys() and all("lora_" in name for name in grads[0])
+    for name, grad in grads[1].items():
+        torch.testing.assert_close(grads[0][name], grad, rtol=1e-4, atol=1e-7, msg=name)
