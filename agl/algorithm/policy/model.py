@@ -293,6 +293,21 @@ class Policy:
                 self.sizer.limit,
             )
 
+    def _logprobs(
+        self, group: Sequence[int], part: Batch, lengths: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The micro-batch's (b, t-1) log-probs and entropies at its loss positions, with grad."""
+        tokens, shared = self._shared_rows(group, lengths)
+        with self._memory_mode(tokens) as recompute, autocast(self.precision, self.device):
+            return token_logprobs(
+                self.model,
+                part.input_ids,
+                part.attention,
+                recompute_head=recompute,
+                only=part.mask > 0,
+                prefixes=shared,
+            )
+
     def _memory_metrics(self, backoffs_before: int) -> dict[str, float]:
         key = "update_peak_vram_gb" if self.device.type == "cuda" else "update_peak_rss_gb"
         row = {
@@ -330,16 +345,7 @@ class Policy:
                 [samples[i] for i in group], [advantages[i] for i in group], [0] * len(group), self.pad_id
             ).to(self.device)
             w = weights[torch.tensor(group), : part.input_ids.shape[1] - 1].to(self.device)  # (b, t-1)
-            tokens, shared = self._shared_rows(group, lengths)
-            with self._memory_mode(tokens) as recompute, autocast(self.precision, self.device):
-                logprobs, entropy = token_logprobs(
-                    self.model,
-                    part.input_ids,
-                    part.attention,
-                    recompute_head=recompute,
-                    only=part.mask > 0,
-                    prefixes=shared,
-                )
+            logprobs, entropy = self._logprobs(group, part, lengths)
             # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
             ref = None
@@ -411,16 +417,7 @@ class Policy:
             part = collate([samples[i] for i in group], [0.0] * len(group), [0] * len(group), self.pad_id).to(
                 self.device
             )
-            tokens, shared = self._shared_rows(group, lengths)
-            with self._memory_mode(tokens) as recompute, autocast(self.precision, self.device):
-                logprobs, _ = token_logprobs(
-                    self.model,
-                    part.input_ids,
-                    part.attention,
-                    recompute_head=recompute,
-                    only=part.mask > 0,
-                    prefixes=shared,
-                )
+            logprobs, _ = self._logprobs(group, part, lengths)
             loss = sft_loss(logprobs, part.mask, normalizer=max(n_tokens, 1.0))
             self.monitor.sample()  # activations are all held here: the micro-batch's peak
             loss.backward()
