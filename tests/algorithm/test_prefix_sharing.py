@@ -70,6 +70,8 @@ def test_micro_batches_keep_families_together_and_count_each_prefix_once() -> No
     lengths = [len(s.input_ids) for s in batch]
     order = found.order(range(4), lengths)
     assert {order[0], order[1]} in ({0, 2}, {1, 3}) and {order[2], order[3]} in ({0, 2}, {1, 3})
+    # nothing shared: shortest first, as whole-sample micro-batches were always cut
+    assert SharedPrefixes.none(4).order([3, 2, 1, 0], lengths) == sorted(range(4), key=lambda i: lengths[i])
     # a's family: prefix 29 once + 2 rows padded to the longer suffix (40 - 29 = 11)
     assert found.cost([0, 2], lengths) == 29 + 2 * 11
     # mixed families: each prefix once, rows padded to the longest suffix, the hole of the shorter prefix

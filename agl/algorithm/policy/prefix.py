@@ -77,8 +77,12 @@ class SharedPrefixes:
         return cls(tuple(family), tuple(length))
 
     def order(self, indices: Sequence[int], lengths: Sequence[int]) -> list[int]:
-        """``indices`` with each family together (so a micro-batch holds whole families), shortest first."""
-        return sorted(indices, key=lambda i: (self.length[i] == 0, self.family[i], lengths[i], i))
+        """``indices`` with each family together (so a micro-batch holds whole families), then the samples
+        that share nothing; shortest first within each."""
+        return sorted(
+            indices,
+            key=lambda i: (self.length[i] == 0, self.family[i] if self.length[i] else 0, lengths[i], i),
+        )
 
     def cost(self, group: Sequence[int], lengths: Sequence[int]) -> int:
         """Token positions a micro-batch of ``group`` computes: each family's prefix once, padded suffixes."""

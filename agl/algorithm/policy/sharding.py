@@ -224,6 +224,7 @@ class ShardedPolicy(Policy):
                 groups.append(_next_group(order, padded_tokens(lengths), limit))
                 order = order[len(groups[-1]) :]
             passes = self._agree(len(groups), dist.ReduceOp.MAX)
+            self._last_groups = groups
             restart()
             self._update_peak = over = alone = 0
             for k in range(passes):
