@@ -181,7 +181,7 @@ async def _audit(db: Path) -> list[tuple[int, list[int]]]:
 
 @pytest.mark.slow
 def test_async_fit_learns_within_the_staleness_bound_and_stops_cleanly(tmp_path: Path) -> None:
-    steps, tasks, group = 12, 3, 8
+    steps, tasks, group = 16, 3, 8
     config = GRPOConfig(
         model_path=str(tiny_model()),
         steps=steps,
@@ -199,8 +199,9 @@ def test_async_fit_learns_within_the_staleness_bound_and_stops_cleanly(tmp_path:
     assert len(history) == steps
     curve = [row["reward_mean"] for row in history]
     print("async reward curve:", " ".join(f"{r:.2f}" for r in curve))
-    # a step's reward_mean averages 24 rollouts of 8 tokens (noise ~0.04); three runs gained 0.13-0.24
-    assert sum(curve[-3:]) / 3 > sum(curve[:2]) / 2 + 0.1
+    # a step's reward_mean averages 24 rollouts of 8 tokens (noise ~0.04), and async runs differ in timing:
+    # over 12 steps, 11 runs gained 0.05-0.36 (last 3 against first 2); 16 steps, last 4 against first 4
+    assert sum(curve[-4:]) / 4 > sum(curve[:4]) / 4 + 0.1
 
     # an audit from the store alone: the policy version that trained step s is the number of updates before it
     audit = asyncio.run(_audit(tmp_path / "store.db"))
