@@ -38,8 +38,9 @@ def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> LightningStore:
 
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query))
-        if "schema" in query:  # agl's own option; libpq would reject it
-            options.setdefault("schema", query.pop("schema"))
+        for own in ("schema", "connections"):  # agl's own options; libpq would reject them
+            if own in query:
+                options.setdefault(own, query.pop(own))
         dsn = urlunsplit(parts._replace(query=urlencode(query)))
         return PostgresLightningStore(dsn, **options)
     if url.startswith(("http://", "https://")):

@@ -31,7 +31,7 @@ from agl.store._sql_schema import (
     Dialect,
     upsert_digests,
 )
-from agl.store._sqlite_thread import GroupCommitThread
+from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread
 from agl.store.base import (
     DIGEST_SLOTS,
     AttemptDigest,
@@ -223,6 +223,8 @@ class SqlTables(Tables):
 
     def _read(self, rollout_id: str, attempt_id: str, span_ids: Sequence[str]) -> Prefetched:
         p = self.p
+        if self.d.lock_rows:  # another connection's writes to this rollout wait until this one commits
+            self.conn.execute(f"SELECT 1 FROM rollouts WHERE rollout_id={p}{self.d.lock_rows}", (rollout_id,))
         ids = list(dict.fromkeys(span_ids)) if len(span_ids) <= 1000 else []
         sql = (
             f"SELECT 0, r.data, r.next_seq, a.data FROM rollouts r LEFT JOIN attempts a "
@@ -466,7 +468,11 @@ class SqlTables(Tables):
             if rid not in next_seq:
                 known = self._next_seq.get(rid)
                 if known is None:
-                    known = int(self._one(f"SELECT next_seq FROM rollouts WHERE rollout_id={p}", rid)[0])
+                    known = int(
+                        self._one(
+                            f"SELECT next_seq FROM rollouts WHERE rollout_id={p}{self.d.lock_rows}", rid
+                        )[0]
+                    )
                 next_seq[rid] = known
             seq = next_seq[rid]
             if span.sequence_id is None:
@@ -661,11 +667,12 @@ class _SqlCall(Generic[R]):
 
 
 class SqlLightningStore(TableStore):
-    """The lifecycle over :class:`SqlTables` on one group-commit connection; queries as keyset SQL."""
+    """The lifecycle over :class:`SqlTables` through group commit (one connection, or PostgreSQL's few); queries as keyset SQL."""
 
     cross_process_poll_s: float | None = 0.5
     dialect: Dialect = SQLITE
     path: str
+    _db: GroupCommitThread | GroupCommitPool
 
     def _open(
         self, conn: Any, name: str, before_commit: Callable[[Any, list[str]], None] | None = None

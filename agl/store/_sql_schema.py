@@ -26,6 +26,9 @@ class Dialect:
     lower: str  # the lower-case function for any letter, not only ASCII ones
     metadata_is: str  # "the rollout's metadata key {p} holds the JSON value {p}"
     claim_suffix: str = ""  # appended to the queue-head SELECT of a claim
+    # appended to a read of rows the transaction will write: where several connections write at once
+    # (PostgreSQL) it holds them until COMMIT; SQLite's BEGIN IMMEDIATE already admits one writer
+    lock_rows: str = ""
     begin_write: str = "BEGIN"
     retryable: frozenset[str] = frozenset()  # SQLSTATEs retried inside the call's savepoint
 
@@ -65,6 +68,7 @@ POSTGRES = Dialect(
     lower="lower",
     metadata_is="(r.data::jsonb -> 'metadata' -> {p}) = {p}::jsonb",
     claim_suffix=" FOR UPDATE SKIP LOCKED",
+    lock_rows=" FOR NO KEY UPDATE",
     retryable=frozenset({"40001", "40P01"}),  # serialization failure, deadlock detected
 )
 

@@ -74,13 +74,15 @@ class GroupCommitThread:
         begin_write: str = "BEGIN IMMEDIATE",
         is_retryable: Callable[[BaseException], bool] = lambda exc: False,
         before_commit: Callable[[Any, list[str]], None] | None = None,
+        ops: queue.SimpleQueue[_Op | None] | None = None,
     ) -> None:
         self._conn = conn
         self._on_finished = on_finished
         self._begin_write = begin_write
         self._is_retryable = is_retryable
         self._before_commit = before_commit
-        self._ops: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        # ``ops``: a queue shared with other threads (GroupCommitPool): each takes the next group when free
+        self._ops: queue.SimpleQueue[_Op | None] = ops if ops is not None else queue.SimpleQueue()
         self.closed = False
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -98,6 +100,10 @@ class GroupCommitThread:
             self.closed = True
             self._ops.put(None)
             await asyncio.to_thread(self._thread.join, 30)
+
+    @property
+    def ops(self) -> queue.SimpleQueue[_Op | None]:
+        return self._ops
 
     def _loop(self) -> None:
         stop = False
@@ -166,3 +172,28 @@ class GroupCommitThread:
             conn.execute("RELEASE SAVEPOINT op")
             return op, result, None
         raise AssertionError("unreachable")
+
+
+class GroupCommitPool:
+    """Group-commit threads with a connection each, taking groups from one queue: while one connection
+    runs a group the next forms and runs on another, so a call waits for a free connection rather than
+    for the group ahead of it (a database that locks rows, not the file: PostgreSQL)."""
+
+    def __init__(self, threads: list[GroupCommitThread]) -> None:
+        self.threads = threads
+
+    @property
+    def closed(self) -> bool:
+        return self.threads[0].closed
+
+    async def call(self, fn: Callable[[Conn, list[str]], R], *, write: bool = True) -> R:
+        return await self.threads[0].call(fn, write=write)  # the queue is shared
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        for thread in self.threads:
+            thread.closed = True
+            thread.ops.put(None)  # each thread stops at the first None it takes
+        for thread in self.threads:
+            await asyncio.to_thread(thread._thread.join, 30)

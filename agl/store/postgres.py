@@ -1,9 +1,11 @@
 """PostgreSQL LightningStore: the shared SQL lifecycle over psycopg 3, for several machines and servers.
 
-Concurrency model: as for SQLite (one connection per store, group commit on one thread), with
-PostgreSQL's row locks instead of a file lock: a claim selects the queue head ``FOR UPDATE SKIP
-LOCKED``, so several store servers sharing one database never hand out the same rollout, and a
-deadlock or serialization failure retries the call inside its savepoint. Completions are announced
+Concurrency model: as for SQLite (group commit; ``connections`` > 1 lets a group form and run while the
+one before it commits, each on its own connection), with PostgreSQL's row locks instead of a file lock:
+rows a call will write are locked when it reads them, so two transactions never take the same span
+sequence ids; a claim selects the queue head ``FOR UPDATE SKIP LOCKED``, so several store servers
+sharing one database never hand out the same rollout; and a deadlock or serialization failure retries
+the call inside its savepoint. Completions are announced
 with NOTIFY in the finishing transaction, so waiters on every server sharing the schema wake at once.
 
 Round trips: a group first runs in psycopg's pipeline mode, where only a read waits for the server,
@@ -28,7 +30,7 @@ from agl.errors import missing_extra
 from agl.schemas import now_s
 from agl.store._sql import Deferred, ReadAhead, SqlLightningStore
 from agl.store._sql_schema import POSTGRES, ddl, upgrade_tables
-from agl.store._sqlite_thread import GroupCommitThread, _convert, _Op
+from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread, _convert, _Op
 from agl.store.base import Clock
 
 
@@ -38,6 +40,9 @@ class PostgresLightningStore(SqlLightningStore):
     Args:
         dsn: a libpq connection string, e.g. ``postgresql://postgres@127.0.0.1:5432/test``.
         schema: the PostgreSQL schema holding agl's tables (created when missing); one per deployment.
+        connections: database connections that run groups of calls side by side (plus one that
+            listens for completions); ``?connections=N`` in a store URL. On one 2-core machine with the
+            runners beside it two gave no measurable change (NOTES.md), so one is the default.
     """
 
     dialect = POSTGRES
@@ -51,6 +56,7 @@ class PostgresLightningStore(SqlLightningStore):
         schema: str = "agl",
         clock: Clock = now_s,
         watchdog_interval_s: float = 1.0,
+        connections: int = 1,
     ) -> None:
         try:
             import psycopg
@@ -58,6 +64,12 @@ class PostgresLightningStore(SqlLightningStore):
             raise missing_extra("psycopg", "postgres") from exc
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", schema):
             raise ValueError(f"schema must be a plain SQL identifier, got {schema!r}")
+        try:
+            connections = int(connections)  # from a URL's ?connections= it comes as text
+        except (TypeError, ValueError):
+            raise ValueError(f"connections must be a whole number, got {connections!r}") from None
+        if not 1 <= connections <= 64:
+            raise ValueError(f"connections must be between 1 and 64, got {connections}")
         super().__init__(clock=clock, watchdog_interval_s=watchdog_interval_s)
         self.path = dsn
         self.schema = schema
@@ -73,14 +85,23 @@ class PostgresLightningStore(SqlLightningStore):
             _leave_room_for_updates(conn)
         conn.execute(f'SET search_path TO "{schema}"')
         self._channel = f"agl_finished_{schema}"[:63]  # PostgreSQL's identifier limit
-        self._db = _PipelinedGroupCommit(
-            conn,
-            f"agl-postgres-{schema}",
-            self._waiters.notify,
-            begin_write=self.dialect.begin_write,
-            is_retryable=self.dialect.is_retryable,
-            before_commit=self._announce,
-        )
+        threads: list[GroupCommitThread] = []
+        for n in range(connections):
+            if n:
+                conn = _NulFreeConnection(psycopg.connect(dsn, autocommit=True))
+                conn.execute(f'SET search_path TO "{schema}"')
+            threads.append(
+                _PipelinedGroupCommit(
+                    conn,
+                    f"agl-postgres-{schema}-{n}",
+                    self._waiters.notify,
+                    begin_write=self.dialect.begin_write,
+                    is_retryable=self.dialect.is_retryable,
+                    before_commit=self._announce,
+                    ops=threads[0].ops if threads else None,
+                )
+            )
+        self._db = GroupCommitPool(threads)
         listener = psycopg.connect(dsn, autocommit=True)
         listener.execute(f'LISTEN "{self._channel}"')
         self._listener = threading.Thread(
@@ -202,7 +223,7 @@ class _PipelinedGroupCommit(GroupCommitThread):
             writer = conn.cursor()  # nobody reads what a plain write answers
             reads = [getattr(op.fn, "reads", []) for op in batch]
             ahead = None
-            if sum(1 for r in reads if r) >= 2:  # one read for many calls: three statements for all
+            if any(reads):  # one read for all calls, which also locks their rows (sorted) until COMMIT
                 ahead = read_ahead(conn, [read for r in reads for read in r])
             for op in batch:
                 if not op.write and group:  # a read sees the counters and digests written before it

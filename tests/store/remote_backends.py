@@ -61,8 +61,8 @@ def postgres_reachable() -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def postgres_store(clock: Any = None) -> AsyncIterator[LightningStore]:
-    """A PostgresLightningStore in a fresh schema, dropped afterwards."""
+async def postgres_store(clock: Any = None, **options: Any) -> AsyncIterator[LightningStore]:
+    """A PostgresLightningStore in a fresh schema (``options``: its other arguments), dropped afterwards."""
     import uuid
 
     import psycopg
@@ -74,7 +74,7 @@ async def postgres_store(clock: Any = None) -> AsyncIterator[LightningStore]:
     if reason:
         pytest.skip(reason)
     schema = f"agl_test_{uuid.uuid4().hex[:10]}"
-    kwargs: dict[str, Any] = {"schema": schema, "watchdog_interval_s": 0}
+    kwargs: dict[str, Any] = {"schema": schema, "watchdog_interval_s": 0, **options}
     if clock is not None:
         kwargs["clock"] = clock
     store = PostgresLightningStore(PG_DSN, **kwargs)

@@ -114,7 +114,7 @@ def groups(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
 
 
 async def _hold_the_database_thread(store: PostgresLightningStore, seconds: float) -> asyncio.Task[None]:
-    """A call that keeps the store's database thread busy, so the calls queued meanwhile share one group."""
+    """A call that keeps a database thread busy; with one connection the calls queued meanwhile share a group."""
     started = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -130,7 +130,7 @@ async def _hold_the_database_thread(store: PostgresLightningStore, seconds: floa
 async def test_a_call_failing_after_it_wrote_is_undone_alone(groups: list[tuple[int, bool]]) -> None:
     """Pipelined groups run without savepoints; a call that fails after writing sends its group round
     again the careful way, and only that call's writes are lost."""
-    async with postgres_store() as store:
+    async with postgres_store(connections=1) as store:  # one connection: held, the rest queue
         assert isinstance(store, PostgresLightningStore)
         rollouts = await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(3)])
 
@@ -153,7 +153,7 @@ async def test_a_call_failing_after_it_wrote_is_undone_alone(groups: list[tuple[
 
 
 async def test_a_database_error_fails_only_its_call(groups: list[tuple[int, bool]]) -> None:
-    async with postgres_store() as store:
+    async with postgres_store(connections=1) as store:  # one connection: held, the rest queue
         assert isinstance(store, PostgresLightningStore)
         await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(2)])
 
@@ -176,7 +176,7 @@ async def test_a_read_sees_the_span_counters_and_digests_of_its_group(
     groups: list[tuple[int, bool]],
 ) -> None:
     """Span counters and digests wait for the group's end; a read queued after a span batch sees them."""
-    async with postgres_store() as store:
+    async with postgres_store(connections=1) as store:  # one connection: held, the rest queue
         assert isinstance(store, PostgresLightningStore)
         await store.enqueue_rollouts([RolloutCreate(input=1)])
         claim = await store.dequeue("w")
@@ -241,7 +241,7 @@ async def test_calls_of_one_group_read_their_rows_together(
         return original(conn, reads)
 
     monkeypatch.setattr(pg, "read_ahead", counting)
-    async with postgres_store() as store:
+    async with postgres_store(connections=1) as store:  # one connection: held, the rest queue
         assert isinstance(store, PostgresLightningStore)
         await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(3)])
         c0, c1, c2 = [await store.dequeue(f"w{i}") for i in range(3)]
@@ -269,3 +269,50 @@ async def test_calls_of_one_group_read_their_rows_together(
         assert (6, False) in groups and read_aheads == [6]  # one pipelined group, one read for six calls
         assert (await store.statistics()).spans == 3
         assert (await store.get_worker("w2")).current_attempt_id is None
+
+
+async def test_a_second_connection_runs_calls_while_the_first_is_busy() -> None:
+    """Calls queue for any free connection, not behind the group that one connection is running."""
+    async with postgres_store(connections=2) as store:
+        assert isinstance(store, PostgresLightningStore)
+        await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(2)])
+        held = await _hold_the_database_thread(store, 3.0)
+        started = time.perf_counter()
+        claimed = await store.dequeue("w0")
+        assert claimed is not None and not held.done()
+        assert time.perf_counter() - started < 2.0
+        await held
+
+
+async def test_connections_must_be_a_small_whole_number() -> None:
+    for bad in (0, "two", 65):
+        with pytest.raises(ValueError, match="connections"):
+            PostgresLightningStore(PG_DSN, schema="agl_test_never", connections=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("writers", ["two connections", "two servers"])
+async def test_span_batches_written_side_by_side_get_distinct_sequence_ids(writers: str) -> None:
+    """A batch's sequence ids come from the rollout's counter: a read of it locks the row until COMMIT,
+    so two transactions at once (two connections of a store, or two stores on one schema) never take the
+    same ids."""
+    async with postgres_store(connections=2 if writers == "two connections" else 1) as first:
+        assert isinstance(first, PostgresLightningStore)
+        other = first
+        if writers == "two servers":
+            other = PostgresLightningStore(PG_DSN, schema=first.schema, watchdog_interval_s=0)
+        try:
+            await first.enqueue_rollouts([RolloutCreate(input=0)])
+            claimed = await first.dequeue("w")
+            assert claimed is not None
+            rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+
+            async def writer(store: PostgresLightningStore) -> None:
+                for _ in range(10):
+                    await store.add_spans([Span.new(rid, aid, "step"), Span.new(rid, aid, "step")])
+
+            await asyncio.gather(*(writer(first if i % 2 else other) for i in range(10)))
+            spans = (await first.query_spans(rollout_id=rid, limit=1000)).items
+            assert sorted(s.sequence_id or 0 for s in spans) == list(range(1, 201))
+        finally:
+            if other is not first:
+                await other.aclose()
