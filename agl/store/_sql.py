@@ -667,7 +667,8 @@ class _SqlCall(Generic[R]):
 
 
 class SqlLightningStore(TableStore):
-    """The lifecycle over :class:`SqlTables` through group commit (one connection, or PostgreSQL's few); queries as keyset SQL."""
+    """The lifecycle over :class:`SqlTables` through group commit (one connection, or PostgreSQL's
+    ``connections``); queries as keyset SQL."""
 
     cross_process_poll_s: float | None = 0.5
     dialect: Dialect = SQLITE
