@@ -97,9 +97,16 @@ class GroupCommitThread:
 
     async def close(self) -> None:
         if not self.closed:
-            self.closed = True
-            self._ops.put(None)
-            await asyncio.to_thread(self._thread.join, 30)
+            self.stop()
+            await self.join()
+
+    def stop(self) -> None:
+        """Refuse new calls and ask a thread to stop once the calls queued before are done."""
+        self.closed = True
+        self._ops.put(None)  # with a shared queue, whichever thread takes it stops
+
+    async def join(self) -> None:
+        await asyncio.to_thread(self._thread.join, 30)
 
     @property
     def ops(self) -> queue.SimpleQueue[_Op | None]:
@@ -192,8 +199,7 @@ class GroupCommitPool:
     async def close(self) -> None:
         if self.closed:
             return
+        for thread in self.threads:  # one stop each before any join: a thread may take another's
+            thread.stop()
         for thread in self.threads:
-            thread.closed = True
-            thread.ops.put(None)  # each thread stops at the first None it takes
-        for thread in self.threads:
-            await asyncio.to_thread(thread._thread.join, 30)
+            await thread.join()

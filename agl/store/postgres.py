@@ -5,8 +5,8 @@ one before it commits, each on its own connection), with PostgreSQL's row locks 
 rows a call will write are locked when it reads them, so two transactions never take the same span
 sequence ids; a claim selects the queue head ``FOR UPDATE SKIP LOCKED``, so several store servers
 sharing one database never hand out the same rollout; and a deadlock or serialization failure retries
-the call inside its savepoint. Completions are announced
-with NOTIFY in the finishing transaction, so waiters on every server sharing the schema wake at once.
+the call inside its savepoint. Completions are announced with NOTIFY in the finishing transaction, so
+waiters on every server sharing the schema wake at once.
 
 Round trips: a group first runs in psycopg's pipeline mode, where only a read waits for the server,
 without savepoints, with the rows its calls name (``Reads``) read and locked for all of them at once

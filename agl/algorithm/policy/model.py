@@ -189,7 +189,7 @@ class Policy:
             config.share_prefixes and shares(model) and (self.plain_tokens > 0 or not self.checkpointing)
         )
         self.prefixes = SharedPrefixes.none(0)  # the current step's, set by accumulate and sft_step
-        self._last_groups: list[list[int]] = []  # the micro-batches of the last pass that counted
+        self._computed_tokens = 0  # positions the last backprop pass that counted ran (computed_tokens)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id or 0)
         self.sizer = MicroBatchSizer(config.micro_batch_tokens, self.device, config.memory_budget_gb)
@@ -208,10 +208,10 @@ class Policy:
         """The shared prompt prefixes of a step's samples (none when this policy does not share them)."""
         return SharedPrefixes.find(samples) if self.share_prefixes else SharedPrefixes.none(len(samples))
 
-    def _limit(self) -> int:
+    def _limit(self, prefixes: SharedPrefixes) -> int:
         """The micro-batch token limit; with shared prefixes, at most what runs without checkpointing
         (a checkpointed micro-batch cannot share: its replayed layers would write the cache twice)."""
-        if self.checkpointing and any(self.prefixes.length):
+        if self.checkpointing and any(prefixes.length):
             return min(self.sizer.limit, self.plain_tokens)
         return self.sizer.limit
 
@@ -220,22 +220,22 @@ class Policy:
         the current micro-batch limit): families of a shared prefix together, shortest first, and a
         sample longer than the limit alone."""
         lengths = [len(s.input_ids) for s in samples]
-        self.prefixes = self.find_prefixes(samples)
-        order = self.prefixes.order(range(len(samples)), lengths)
+        prefixes = self.find_prefixes(samples)
+        order = prefixes.order(range(len(samples)), lengths)
         groups: list[list[int]] = []
         while order:
             groups.append(
-                _next_group(order, lambda g: self.prefixes.cost(g, lengths), limit or self._limit())
+                _next_group(order, lambda g: prefixes.cost(g, lengths), limit or self._limit(prefixes))
             )
             order = order[len(groups[-1]) :]
         return groups
 
     def _shared_rows(self, group: Sequence[int], lengths: Sequence[int]) -> tuple[int, PrefixRows | None]:
         """A micro-batch's computed tokens and its shared prefixes (None: it runs whole samples)."""
-        rows = self.prefixes.rows(group) if len(self.prefixes.length) == len(lengths) else None
+        rows = self.prefixes.rows(group)
         tokens = self.prefixes.cost(group, lengths) if rows is not None else 0
         if rows is None or (self.checkpointing and tokens > self.plain_tokens):
-            return len(group) * max(lengths[i] for i in group), None
+            return padded_tokens(lengths)(group), None
         return tokens, rows
 
     def _backprop(
@@ -257,12 +257,14 @@ class Policy:
             restart()
             self._update_peak = over = 0  # report the peak of the pass that counts
             group: list[int] = []
-            self._last_groups = []
+            self._computed_tokens = 0
             while order and not over:
-                group = _next_group(order, lambda g: self.prefixes.cost(g, lengths), self._limit())
-                self._last_groups.append(group)
+                group = _next_group(
+                    order, lambda g: self.prefixes.cost(g, lengths), self._limit(self.prefixes)
+                )
                 order = order[len(group) :]
                 tokens = self._shared_rows(group, lengths)[0]
+                self._computed_tokens += tokens
                 if cuda:
                     torch.cuda.reset_peak_memory_stats(self.device)
                     base = torch.cuda.memory_allocated(self.device)
@@ -371,7 +373,7 @@ class Policy:
         totals["trained_tokens"] = float(full.mask.sum())
         totals["processed_tokens"] = float(sum(len(s.input_ids) for s in samples))
         # what the forward passes ran after shared prefixes (padding included): the step's real work
-        totals["computed_tokens"] = float(sum(self._shared_rows(g, lengths)[0] for g in self._last_groups))
+        totals["computed_tokens"] = float(self._computed_tokens)
         return totals
 
     def step(
@@ -492,6 +494,6 @@ def _next_group(order: Sequence[int], cost: Callable[[list[int]], int], limit: i
     return group
 
 
-def padded_tokens(lengths: Sequence[int]) -> Callable[[list[int]], int]:
+def padded_tokens(lengths: Sequence[int]) -> Callable[[Sequence[int]], int]:
     """The cost of a micro-batch of whole samples: its rows padded to the longest."""
     return lambda group: len(group) * max(lengths[i] for i in group)

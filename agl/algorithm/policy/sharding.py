@@ -224,7 +224,7 @@ class ShardedPolicy(Policy):
                 groups.append(_next_group(order, padded_tokens(lengths), limit))
                 order = order[len(groups[-1]) :]
             passes = self._agree(len(groups), dist.ReduceOp.MAX)
-            self._last_groups = groups
+            self._computed_tokens = 0
             restart()
             self._update_peak = over = alone = 0
             for k in range(passes):
@@ -232,6 +232,7 @@ class ShardedPolicy(Policy):
                 if k < len(groups):
                     group = groups[k]
                     tokens = padded_tokens(lengths)(group)
+                    self._computed_tokens += tokens
                     if cuda:
                         torch.cuda.reset_peak_memory_stats(self.device)
                         base = torch.cuda.memory_allocated(self.device)
