@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # _tool_task.py, beside this file
+    from _tool_task import add
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tasks: list[dict[str, Any]] = json.loads(Path(args.tasks).read_text())
@@ -55,7 +59,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ids_seen: list[list[str]] = []  # the task ids of each generation round, to check the prompts match agl's
 
     def reward_func(completions: list[Any], answer: list[str], **columns: Any) -> list[float]:
-        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        # a conversation's answer is its last assistant turn (tool results follow turns that call tools)
+        texts = [
+            next((m.get("content") or "" for m in reversed(c) if m.get("role") == "assistant"), "")
+            if isinstance(c, list)
+            else str(c)
+            for c in completions
+        ]
         out = [reward_text(t, a) for t, a in zip(texts, answer, strict=True)]
         rewards_seen.append(out)
         ids_seen.append(sorted(set(columns.get("id") or [])))
@@ -105,6 +115,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         save_strategy="no",
         shuffle_dataset=False,  # the tasks in the order given: the same prompts per step as the agl sides
         gradient_checkpointing=args.gradient_checkpointing,
+        max_tool_calling_iterations=args.max_tool_calls if args.tools else None,
         seed=args.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -117,6 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         train_dataset=Dataset.from_list(tasks),
         processing_class=tokenizer,
         callbacks=[timer],
+        tools=[add] if args.tools else None,
     )
     setup_s = time.perf_counter() - started
     trainer.train()
@@ -152,7 +164,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--prompts", type=int, required=True, help="prompts per step")
     parser.add_argument("--group", type=int, required=True, help="completions per prompt")
-    parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        required=True,
+        help="max_completion_length (with --tools: the whole conversation's)",
+    )
+    parser.add_argument("--tools", action="store_true", help="the add tool of _tool_task.py (multi-turn)")
+    parser.add_argument(
+        "--max-tool-calls", type=int, default=4, help="max_tool_calling_iterations with --tools"
+    )
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)

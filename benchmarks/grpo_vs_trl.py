@@ -21,11 +21,19 @@ side's own step time: generation + update (+ sync)) and ``wall_s`` (step start t
 loop does between steps too), and of trained tokens/s (the step's prompt + completion tokens / ``step_s``); then a
 ratio table. The reward (right number 1, other number 0.1, less a hair per character) rarely ties a group, so agl
 (which skips tied groups) and TRL (which trains them) train on the same samples; ``samples`` shows it.
+Part 1 with ``--task tools``, a 5-turn tool agent: add five numbers with an ``add`` tool, two at a time, then
+reply with the total (``_tool_task.py``). SmolLM2 gets Qwen 2.5's chat template (TRL parses tool calls only from
+templates it knows) and a short tool-calling SFT warm start, cached; every side loads that model. The agl
+agent loops over openai-SDK calls with ``tools=`` (``--max-tokens`` each); TRL runs its own tool loop
+(``tools=[add]``, ``max_tool_calling_iterations`` = turns - 1, ``max_completion_length`` the whole
+conversation's budget). Trained tokens are the prompt's and the generated ones (TRL leaves tool results out).
 Part 2, a synthetic 5-turn agent (5 calls whose prompts extend each other): one ``Policy.step`` on trajectory-level
 samples (one merged sequence per rollout) vs transition-level samples (one per call): tokens processed, step time.
 
     .venv/bin/python benchmarks/grpo_vs_trl.py --model tiny --steps 3 --rounds 1 --skip-multi-turn
     .venv/bin/python benchmarks/grpo_vs_trl.py --model smollm2 --steps 4 --rounds 2 --skip-multi-turn
+    .venv/bin/python benchmarks/grpo_vs_trl.py --task tools --steps 5 --rounds 2 --skip-multi-turn \
+        --sides fit_async,fit,trl
 """
 
 from __future__ import annotations
@@ -51,14 +59,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agl import semconv as sc  # noqa: E402
 from agl.schemas import Rollout, RolloutStatus, Span  # noqa: E402
+from benchmarks import _tool_task as tool_task  # noqa: E402
 from benchmarks._trl_side import reward_text  # noqa: E402
 
 SIDES = ("fit_async", "fit", "inproc", "trl")
+TOOL_RESULT_TOKENS = 16  # a tool result between two turns, as Qwen's template wraps it: about 15 tokens
 TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 
 
-def make_pool(n: int, seed: int) -> list[dict[str, Any]]:
-    """Small sums: a chat prompt, the expected answer and an id (to check every side got the same prompts)."""
+def make_pool(n: int, seed: int, task: str = "sums") -> list[dict[str, Any]]:
+    """Small sums: a chat prompt, the expected answer and an id (to check every side got the same prompts).
+
+    ``task="tools"``: the 5-turn tool task of ``_tool_task.py`` instead."""
+    if task == "tools":
+        return tool_task.make_pool(n, seed)
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
@@ -91,6 +105,76 @@ def _walls(starts: list[float], last_step_s: float) -> list[float]:
     return [b - a for a, b in zip(starts[:-1], starts[1:], strict=True)] + [last_step_s]
 
 
+# ----- the tool task's model -----------------------------------------------------------------------------------
+def tool_model(args: argparse.Namespace, base: Path) -> Path:
+    """``base`` with Qwen 2.5's chat template and a tool-calling SFT warm start: the model all sides load.
+
+    TRL parses tool calls only from chat templates it knows, so the template is TRL's own copy of Qwen 2.5's
+    (read from ``--trl-python``); SmolLM2 shares its ``<|im_start|>``/``<|im_end|>`` tokens. The warm start
+    (agl's SFT step on correct conversations of other tasks) teaches the tool-call format, so that rollouts
+    take all five turns. Cached under ``~/.cache/agl/bench`` by base, template and warm-start settings.
+    """
+    import hashlib
+    import shutil
+
+    if not args.trl_python.exists():
+        raise SystemExit(f"--task tools takes Qwen 2.5's template from TRL: {args.trl_python} is missing")
+    template = subprocess.run(
+        [
+            str(args.trl_python),
+            "-c",
+            "import trl.chat_template_utils as u; print(u.qwen2_5_chat_template, end='')",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    settings = f"{base.resolve()}|{template}|{args.warm_steps}|{args.seed}|{args.precision}|v1"
+    out = (
+        Path.home()
+        / ".cache"
+        / "agl"
+        / "bench"
+        / f"tools-{hashlib.sha256(settings.encode()).hexdigest()[:12]}"
+    )
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoTokenizer
+
+    from agl.algorithm.grpo import LossConfig, WarmStart
+    from agl.algorithm.grpo.warm_start import train_warm_start
+    from agl.algorithm.policy import Policy, PolicyConfig
+
+    started = time.perf_counter()
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(base, staging)
+    tokenizer = AutoTokenizer.from_pretrained(staging)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(staging)
+    policy = Policy(
+        PolicyConfig(model_path=str(staging), lr=1e-4, precision=args.precision, seed=args.seed), LossConfig()
+    )
+    warm = WarmStart(
+        conversations=[tool_task.trace(t) for t in tool_task.make_pool(256, args.seed + 1)],
+        tools=[tool_task.tool_schema()],
+        steps=args.warm_steps,
+        batch_size=16,
+        seed=args.seed,
+    )
+    rows = train_warm_start(policy, warm)
+    policy.model.save_pretrained(staging)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    losses = ", ".join(f"{r['sft_loss']:.3f}" for r in rows[:: max(1, len(rows) // 8)])
+    print(
+        f"tool model: {args.warm_steps} warm-start steps in {time.perf_counter() - started:.0f}s "
+        f"(loss {losses}): {out}",
+        flush=True,
+    )
+    return out
+
+
 # ----- agl through Trainer.fit --------------------------------------------------------------------------------
 def run_fit(
     args: argparse.Namespace, path: Path, pool: list[dict[str, Any]], overlap: bool = False
@@ -104,6 +188,7 @@ def run_fit(
     from agl.algorithm.grpo import GRPO, GRPOConfig
 
     per_step = args.prompts * args.group
+    TOOLS = [tool_task.tool_schema()]
     seen: list[
         tuple[float, str, int]
     ] = []  # (began, task id, prompt + completion tokens), in finishing order
@@ -120,6 +205,35 @@ def run_fit(
         tokens = reply.usage.total_tokens if reply.usage else 0
         seen.append((began, task["id"], tokens))
         return reward_text(reply.choices[0].message.content or "", task["answer"])
+
+    @agl.rollout
+    async def tool_agent(task: dict[str, Any], llm: agl.LLM) -> float:
+        """Up to ``--turns`` model calls: run the tool calls of each reply, stop at a reply without any."""
+        began = time.perf_counter()
+        messages: list[dict[str, Any]] = list(task["prompt"])
+        answer, tokens = "", 0
+        async with openai.AsyncOpenAI(
+            base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0
+        ) as client:
+            for _ in range(args.turns):
+                reply = await client.chat.completions.create(
+                    model=llm.model, messages=messages, tools=TOOLS, max_tokens=args.max_tokens
+                )
+                # the first prompt and every generated token (tool results left out, as TRL counts them)
+                if reply.usage:
+                    tokens += reply.usage.completion_tokens + (reply.usage.prompt_tokens if not tokens else 0)
+                message = reply.choices[0].message
+                answer = message.content or ""
+                if not message.tool_calls:
+                    break
+                messages.append(message.model_dump(exclude_none=True))
+                for call in message.tool_calls:
+                    result = tool_task.call_tool(call.function.name, call.function.arguments)
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call.id, "name": "add", "content": result}
+                    )
+        seen.append((began, task["id"], tokens))
+        return reward_text(answer, task["answer"])
 
     config = GRPOConfig(
         model_path=str(path),
@@ -138,7 +252,8 @@ def run_fit(
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agl-bench-fit-") as out:
         # one runner slot per rollout of a step: a step's rollouts are generated together, as on the other sides
-        result = agl.Trainer(algorithm=GRPO(config), n_runners=per_step, output_dir=out).fit(agent, pool)
+        trainer = agl.Trainer(algorithm=GRPO(config), n_runners=per_step, output_dir=out)
+        result = trainer.fit(tool_agent if args.task == "tools" else agent, pool)
     history = result["history"]
     if len(seen) != per_step * len(history):
         raise RuntimeError(f"{len(seen)} rollouts finished for {len(history)} steps of {per_step}")
@@ -278,8 +393,8 @@ def trl_precision(args: argparse.Namespace) -> str:
 def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Path, result: Path) -> list[str]:
     """The command line of one side's process: the shared settings, then the side's own."""
     shared = ["--steps", str(args.steps), "--prompts", str(args.prompts), "--group", str(args.group)]
-    shared += ["--max-tokens", str(args.max_tokens), "--lr", str(args.lr), "--threads", str(args.threads)]
-    shared += ["--seed", str(args.seed), "--result", str(result)]
+    shared += ["--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed)]
+    shared += ["--result", str(result)]
     if side == "trl":
         own = [
             "--model-path",
@@ -291,9 +406,16 @@ def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Pat
         ]
         own += ["--gradient-checkpointing"] if args.trl_gradient_checkpointing else []
         own += ["--bf16"] if trl_precision(args) == "bf16" else []
+        if args.task == "tools":  # TRL's budget is the whole conversation's: every turn and tool result
+            own += ["--tools", "--max-tool-calls", str(args.turns - 1)]
+            own += ["--max-tokens", str(args.turns * args.max_tokens + (args.turns - 1) * TOOL_RESULT_TOKENS)]
+        else:
+            own += ["--max-tokens", str(args.max_tokens)]
         return [str(args.trl_python), str(ROOT / "benchmarks" / "_trl_side.py"), *shared, *own]
     own = ["--model", args.model, "--side", side, "--pool-size", str(args.pool_size)]
     own += ["--micro-batch-tokens", str(args.micro_batch_tokens), "--precision", args.precision]
+    own += ["--max-tokens", str(args.max_tokens), "--task", args.task, "--turns", str(args.turns)]
+    own += ["--model-dir", str(path)]
     return [sys.executable, str(Path(__file__).resolve()), *shared, *own]
 
 
@@ -339,7 +461,7 @@ def summarize(
     steady = [s for run in runs for s in run["steps"][1:end]] or [s for run in runs for s in run["steps"]]
     expected = [sorted(t["id"] for t in step) for step in plan]
     row: dict[str, Any] = {
-        "bench": "grpo_single_turn",
+        "bench": bench_name(args),
         "side": side,
         "model": args.model,
         "prompts_per_step": args.prompts,
@@ -379,6 +501,10 @@ def summarize(
     return row
 
 
+def bench_name(args: argparse.Namespace) -> str:
+    return "grpo_tools" if args.task == "tools" else "grpo_single_turn"
+
+
 def ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Speed-up of each side over each later one: per step (step_s, wall_s) and in trained tokens/s."""
 
@@ -392,7 +518,7 @@ def ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             a, b = rows[fast], rows[slow]
             out.append(
                 {
-                    "bench": "grpo_single_turn_ratio",
+                    "bench": f"{a['bench']}_ratio",
                     "model": a["model"],
                     "side": fast,
                     "over": slow,
@@ -425,7 +551,7 @@ def table(rows: dict[str, dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> 
 def run_single_turn(args: argparse.Namespace, path: Path) -> bool:
     """Every side ``--rounds`` times, order reversed every other round; False when a side failed."""
     sides = [s for s in SIDES if s in args.sides]
-    pool = make_pool(args.pool_size, args.seed)
+    pool = make_pool(args.pool_size, args.seed, args.task)
     plan = plan_steps(pool, args.steps, args.prompts, args.seed)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     ok = True
@@ -555,7 +681,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="times each side runs, alternating the order")
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
     parser.add_argument("--group", type=int, default=4, help="completions per prompt")
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--task",
+        choices=["sums", "tools"],
+        default="sums",
+        help="sums: one call per rollout; tools: --turns calls with an add tool, after a warm start",
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=None, help="completion tokens per model call (32; tools: 48)"
+    )
     parser.add_argument("--lr", type=float, default=5e-6)
     parser.add_argument("--pool-size", type=int, default=64, help="tasks the steps draw their prompts from")
     parser.add_argument("--micro-batch-tokens", type=_micro_batch_tokens, default="auto")
@@ -581,7 +715,10 @@ def main() -> None:
     parser.add_argument("--log-dir", default=None, help="keep each side's log here (default: a temp folder)")
     parser.add_argument("--skip-single-turn", action="store_true")
     parser.add_argument("--skip-multi-turn", action="store_true")
-    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=5, help="model calls per rollout (tools; Part 2)")
+    parser.add_argument(
+        "--warm-steps", type=int, default=8, help="tools: SFT steps of the tool-calling warm start"
+    )
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--system-tokens", type=int, default=64)
     parser.add_argument("--reply-tokens", type=int, default=24)
@@ -592,8 +729,13 @@ def main() -> None:
         "--side", choices=["fit_async", "fit", "inproc"], help=argparse.SUPPRESS
     )  # a side's own process
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)  # the model a side loads
     args = parser.parse_args()
-    for name in ("steps", "rounds", "prompts", "group", "max_tokens", "pool_size", "threads"):
+    if args.max_tokens is None:
+        args.max_tokens = 48 if args.task == "tools" else 32
+    if args.task == "tools" and "inproc" in args.sides and args.side is None:
+        parser.error("--task tools runs the fit_async, fit and trl sides (inproc has no multi-turn agent)")
+    for name in ("steps", "rounds", "prompts", "group", "max_tokens", "pool_size", "threads", "turns"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.pool_size < args.prompts:
@@ -613,8 +755,12 @@ def main() -> None:
     from agl.models import smollm2, tiny_model
 
     path = smollm2() if args.model == "smollm2" else tiny_model()
+    if args.model_dir is not None:
+        path = args.model_dir
+    elif args.task == "tools" and not args.skip_single_turn:
+        path = tool_model(args, path)
     if args.side is not None:  # one side's process: run it, hand its steps back through --result
-        pool = make_pool(args.pool_size, args.seed)
+        pool = make_pool(args.pool_size, args.seed, args.task)
         plan = plan_steps(pool, args.steps, args.prompts, args.seed)
         if args.side == "inproc":
             got = asyncio.run(run_inproc(args, path, plan))

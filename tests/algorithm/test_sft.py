@@ -15,6 +15,7 @@ from agl.algorithm.grpo.loss import LossConfig
 from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.model import Policy, PolicyConfig, collate, sft_loss
 from agl.algorithm.sft import SFT, SFTConfig, export_jsonl, samples_from_messages, select_rollouts
+from agl.engines.builtin.prompts import render_chat_text
 from agl.models import tiny_model
 from agl.schemas import Rollout, RolloutStatus, Span
 from tests.tiny_agents import digits_agent
@@ -64,6 +65,36 @@ def test_samples_mask_only_the_assistant_turns(policy: Policy) -> None:
     )
     assert "TOOL-OUTPUT-42" in tok.decode(list(second.input_ids))
     assert second.input_ids[-1] == tok.eos_token_id and second.loss_mask[-1] == 1
+
+
+# A template that renders tool calls itself, in its own markup (newlines around the JSON), as Qwen's does
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n"
+    '{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_tool_call_turns_take_the_templates_own_markup(policy: Policy) -> None:
+    """Where the template renders ``tool_calls``, the trained turn is the template's rendering of it, so
+    the prompt plus the target is the conversation as the template writes it (later turns' prompts)."""
+    tok = policy.tokenizer
+    saved = tok.chat_template
+    tok.chat_template = TOOL_TEMPLATE
+    try:
+        first, _ = samples_from_messages(tok, [conversation()], TOOLS)
+        target = [t for t, m in zip(first.input_ids, first.loss_mask, strict=True) if m]
+        assert target[-1] == tok.eos_token_id
+        text = tok.decode(target[:-1])
+        assert (
+            text == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "40 + 2"}}\n</tool_call>'
+        )
+        whole = render_chat_text(tok, conversation()[:3], TOOLS, add_generation_prompt=False)
+        assert whole.startswith(tok.decode(list(first.input_ids)))
+    finally:
+        tok.chat_template = saved
 
 
 def test_tool_output_tokens_carry_no_gradient(policy: Policy) -> None:

@@ -20,7 +20,9 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24)
 
 @pytest.fixture(scope="module")
 def engine(tiny_path: Path) -> Engine:
-    return Engine(tiny_path, max_batch_size=8)
+    # these tests compare runs of one prompt with each other: with the prefix cache the later runs would
+    # reuse the earlier ones' keys and values, whose bf16 rounding differs from a whole prefill's (tested apart)
+    return Engine(tiny_path, max_batch_size=8, prefix_cache_share=0)
 
 
 def _chat(engine: Engine, text: str) -> list[int]:
@@ -248,3 +250,59 @@ async def test_stream_consumer_leaving_early_aborts(engine: Engine) -> None:
             break
         await asyncio.sleep(0.01)
     assert engine._task is None
+
+
+async def test_next_turn_reuses_the_finished_turns_keys_and_values(tiny_path: Path) -> None:
+    """A conversation's second call sends the first call's prompt and reply again: with the prefix cache it
+    prefills only what is new, and samples exactly what an engine without the cache samples."""
+    # fp32: reused keys and values equal recomputed ones to rounding, so the samples match exactly
+    cached = Engine(tiny_path, precision="fp32")
+    plain = Engine(tiny_path, precision="fp32", prefix_cache_share=0)
+    assert cached.prefix_cache is not None and plain.prefix_cache is None
+    widths: list[int] = []
+    hook = cached.model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _o: widths.append(int(args[0].shape[1]))
+    )
+    first = _chat(cached, "Plan a trip " * 4)
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=12)
+    reply = (await cached.generate(first, params)).choices[0]
+    assert reply.token_ids == (await plain.generate(first, params)).choices[0].token_ids
+    # the next turn: the first turn whole, a tool result, and two siblings that share only the first turn
+    turn = first + reply.token_ids + _chat(cached, "The tool said 42.")[1:]
+    sibling = first[:-3] + [(first[-3] + 1) % 512] + _chat(cached, "Another question")
+    widths.clear()
+    got = await asyncio.gather(*(cached.generate(p, params) for p in (turn, sibling)))
+    want = await asyncio.gather(*(plain.generate(p, params) for p in (turn, sibling)))
+    hook.remove()
+    new = len(turn) - len(first) - len(reply.token_ids) + 1  # the unfed last reply token, then the rest
+    assert widths[0] == max(new, len(sibling) - len(first) + 3)  # one prefill of the new tokens only
+    assert widths[1:] == [1] * (len(widths) - 1)
+    for g, w in zip(got, want, strict=True):
+        assert g.choices[0].token_ids == w.choices[0].token_ids
+        assert g.choices[0].logprobs == pytest.approx(w.choices[0].logprobs, abs=2e-3)
+    assert cached.prefix_cache.hit_tokens >= 2 * (len(first) - 3)
+
+
+async def test_prefix_cache_is_emptied_by_a_weight_update(tiny_path: Path) -> None:
+    engine = Engine(tiny_path)
+    assert engine.prefix_cache is not None
+    await engine.generate(_chat(engine, "Say something long " * 3), GREEDY)
+    assert len(engine.prefix_cache) == 1
+    await engine.update_weights({k: v.clone() for k, v in engine.model.state_dict().items()})
+    assert len(engine.prefix_cache) == 0
+
+
+def test_prefix_cache_keeps_the_longest_match_within_its_budget() -> None:
+    from agl.engines.builtin.prefix_cache import PrefixCache
+
+    cache = PrefixCache(max_tokens=100, min_tokens=4)
+    kv = torch.zeros((2, 2, 1, 40, 4))
+    cache.put(list(range(40)), kv)
+    cache.put(list(range(30)) + [99] * 10, kv)
+    entry, n = cache.lookup(list(range(50)))
+    assert n == 40 and entry is not None and entry.ids.tolist() == list(range(40))
+    assert cache.lookup(list(range(40)))[1] == 39  # the last prompt token is always computed
+    assert cache.lookup([7] * 20) == (None, 0)
+    cache.put([5] * 40, kv)  # 120 tokens > 100: the least recently used entry goes
+    assert len(cache) == 2 and cache.lookup(list(range(30)) + [99] * 12)[1] == 30  # its own match: gone
+    assert cache.lookup(list(range(50)))[1] == 40

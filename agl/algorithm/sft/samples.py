@@ -53,11 +53,28 @@ def samples_from_spans(
     return out
 
 
-def _assistant_text(message: dict[str, Any]) -> str:
-    """What the model must emit for an assistant turn: its text, or Hermes ``<tool_call>`` blocks."""
+def _assistant_text(
+    tokenizer: Any, messages: list[dict[str, Any]], k: int, tools: list[dict[str, Any]] | None
+) -> str:
+    """What the model must emit for assistant turn ``messages[k]``: its text, or its tool calls.
+
+    Tool calls take the chat template's own markup where the template renders ``tool_calls`` (Qwen's
+    ``<tool_call>\n{...}\n</tool_call>``, say), so that the model learns the form its template, its
+    parsers and later turns' prompts expect; otherwise Hermes ``<tool_call>`` blocks, as the engine asks.
+    """
+    from agl.engines.builtin.prompts import render_chat_text
+
+    message = messages[k]
     calls = message.get("tool_calls") or []
     if not calls:
         return str(message.get("content") or "")
+    eos = tokenizer.eos_token
+    if "tool_calls" in (tokenizer.chat_template or "") and eos:
+        before = render_chat_text(tokenizer, messages[:k], tools)
+        whole = render_chat_text(tokenizer, messages[: k + 1], tools, add_generation_prompt=False)
+        turn = whole[len(before) :] if whole.startswith(before) else ""
+        if eos in turn:  # the turn up to its end-of-turn token, which the caller appends as an id
+            return turn[: turn.index(eos)]
     blocks = []
     for call in calls:
         fn = call.get("function", call)
@@ -81,9 +98,9 @@ def samples_from_messages(
             if message.get("role") != "assistant":
                 continue
             prompt = render_chat(tokenizer, list(messages[:k]), tools)
-            target = tokenizer.encode(_assistant_text(message), add_special_tokens=False) + (
-                [eos] if eos is not None else []
-            )
+            target = tokenizer.encode(
+                _assistant_text(tokenizer, messages, k, tools), add_special_tokens=False
+            ) + ([eos] if eos is not None else [])
             out.append(
                 Sample(
                     rollout_id=f"conversation-{n}",

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from agl.engines.builtin.prefix_cache import PrefixCache
 from agl.engines.builtin.sampling import SamplingParams, sample_step
 
 
@@ -69,10 +70,17 @@ def _pad_left(t: torch.Tensor, amount: int, dim: int) -> torch.Tensor:
 class RunningBatch:
     """Rows of ``seqs`` with their KV cache, attention mask, next positions and next input tokens."""
 
-    def __init__(self, model: Any, pad_id: int, on_token: Callable[[Sequence], None]) -> None:
+    def __init__(
+        self,
+        model: Any,
+        pad_id: int,
+        on_token: Callable[[Sequence], None],
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         self.model = model
         self.pad_id = pad_id
         self.on_token = on_token  # called after each appended token: sets finish_reason and text
+        self.prefix_cache = prefix_cache  # finished rows go in; new prompts skip the prefix they share
         # transformers >= 5.2x names the argument ``cache``; older releases ``past_key_values``
         params = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -109,15 +117,25 @@ class RunningBatch:
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(s.prompt_ids), len(distinct)) for s in new]
         prompts = list(distinct)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            mask[row, width - len(prompt) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
+        hits = [self.prefix_cache.lookup(list(p)) if self.prefix_cache else (None, 0) for p in prompts]
+        reused = [n for _, n in hits]
+        # each row: [its cached prefix, right-aligned in the widest] [its remaining prompt, right-aligned]
+        cached_w = max(reused)
+        width = max(len(p) - n for p, n in zip(prompts, reused, strict=True))
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), cached_w + width), dtype=torch.long)
+        for row, (prompt, n) in enumerate(zip(prompts, reused, strict=True)):
+            rest = prompt[n:]
+            ids[row, width - len(rest) :] = torch.tensor(rest)
+            mask[row, cached_w - n : cached_w] = 1
+            mask[row, cached_w + width - len(rest) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        offset = torch.tensor(reused, device=self.device).unsqueeze(1)
+        positions = (mask[:, cached_w:].cumsum(-1) - 1).clamp(min=0) + offset
+        if cached_w:
+            self._fill(cache, hits, cached_w)
+        width += cached_w
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -156,6 +174,35 @@ class RunningBatch:
         self.pending = torch.cat([self.pending, pending])
         self.seqs = self.seqs + new
 
+    def _fill(self, cache: Any, hits: list[tuple[Any, int]], width: int) -> None:
+        """Put each row's reused keys and values, right-aligned, into the empty ``cache`` (``width`` wide)."""
+        kv = next(e.kv for e, n in hits if n)
+        layers, _, heads, _, dim = kv.shape
+        full = kv.new_zeros((layers, 2, len(hits), heads, width, dim), device=self.device)
+        for row, (entry, n) in enumerate(hits):
+            if n:
+                full[:, :, row, :, width - n :] = entry.kv[:, :, :, :n].to(self.device)
+        for layer in range(layers):
+            cache.update(full[layer, 0], full[layer, 1], layer)
+
+    def _keep(self, done: list[int]) -> None:
+        """Hand the finished rows' keys and values (prompt and completion but the unfed last token) to the
+        prefix cache."""
+        assert self.prefix_cache is not None and self.mask is not None
+        for i in done:
+            seq = self.seqs[i]
+            ids = seq.prompt_ids + seq.token_ids[:-1]
+            cols = self.mask[i].nonzero().squeeze(1)
+            if seq.finish_reason == "abort" or int(cols.numel()) != len(ids):
+                continue
+            kv = torch.stack(
+                [
+                    torch.stack([layer.keys[i][:, cols], layer.values[i][:, cols]])
+                    for layer in self.cache.layers
+                ]
+            )
+            self.prefix_cache.put(ids, kv)
+
     def decode(self) -> None:
         """Feed every row its pending token and sample the next one."""
         assert self.mask is not None and self.positions is not None and self.pending is not None
@@ -175,6 +222,8 @@ class RunningBatch:
         done = [s for s in self.seqs if s.finish_reason is not None]
         if not done:
             return []
+        if self.prefix_cache is not None:
+            self._keep([i for i, s in enumerate(self.seqs) if s.finish_reason is not None])
         keep = [i for i, s in enumerate(self.seqs) if s.finish_reason is None]
         self.seqs = [self.seqs[i] for i in keep]
         if not keep:

@@ -21,6 +21,7 @@ from agl.algorithm.precision import resolve_precision
 from agl.engines.builtin.batch import RunningBatch, Sequence, cache_tokens, kv_bytes_per_token
 from agl.engines.builtin.embeddings import pooled
 from agl.engines.builtin.matmul import use_weight_major_decode
+from agl.engines.builtin.prefix_cache import PrefixCache
 from agl.engines.builtin.prompts import render_chat
 from agl.engines.builtin.sampling import SamplingParams, make_generator
 from agl.engines.builtin.tools import parse_tool_calls
@@ -84,8 +85,10 @@ class Engine:
     ``max_batch_size`` bounds the sequences decoded together, and ``kv_cache_gb`` their KV cache (None: a
     quarter of the process's memory budget, :mod:`agl.algorithm.memory`, which a trainer in the same
     process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
-    ``batch_wait_s`` after the first request so a burst is prefilled at once. Never contacts a model hub
-    (``local_files_only=True``).
+    ``batch_wait_s`` after the first request so a burst is prefilled at once. ``prefix_cache_share``: the
+    part of the KV budget that keeps finished sequences, so that an agent's next turn (or a sibling with the
+    same system prompt) prefills only what is new (:mod:`.prefix_cache`; 0 turns it off). Never contacts a
+    model hub (``local_files_only=True``).
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class Engine:
         batch_wait_s: float = 0.005,
         kv_cache_gb: float | None = None,
         precision: str = "auto",
+        prefix_cache_share: float = 0.25,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,6 +138,19 @@ class Engine:
         self.batch_wait_s = batch_wait_s
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
         self.kv_cache_tokens = self._kv_cache_tokens(kv_cache_gb, torch_dtype)
+        if not 0 <= prefix_cache_share < 1:
+            raise ConfigError(f"prefix_cache_share must be in [0, 1), got {prefix_cache_share}")
+        # a sliding-window layer keeps only its window, so a stored prefix could not be handed back whole
+        config = self.model.config
+        sliding = any("sliding" in str(t) for t in getattr(config, "layer_types", None) or []) or (
+            getattr(config, "sliding_window", None) is not None
+            and getattr(config, "use_sliding_window", True)
+        )
+        self.prefix_cache = (
+            PrefixCache(int(self.kv_cache_tokens * prefix_cache_share))
+            if prefix_cache_share > 0 and not sliding
+            else None
+        )
         self.peak_batch_size = 0  # the most sequences decoded together so far
         self.eos_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
@@ -268,7 +285,7 @@ class Engine:
             self._task = asyncio.get_running_loop().create_task(self._schedule())
 
     async def _schedule(self) -> None:
-        batch = RunningBatch(self.model, self.pad_id, self._on_token)
+        batch = RunningBatch(self.model, self.pad_id, self._on_token, self.prefix_cache)
         if self.batch_wait_s > 0:
             # requests sent together over HTTP arrive a few ms apart: one prefill for all of them is cheaper
             await asyncio.sleep(self.batch_wait_s)
@@ -293,7 +310,7 @@ class Engine:
                 for seq in batch.seqs + admit:
                     if not seq.request.future.done():
                         seq.request.future.set_exception(exc)
-                batch = RunningBatch(self.model, self.pad_id, self._on_token)
+                batch = RunningBatch(self.model, self.pad_id, self._on_token, self.prefix_cache)
                 continue
             self._deliver(batch.seqs + finished)
         self._task = None
@@ -427,6 +444,8 @@ class Engine:
         return self.model_version
 
     def _load(self, source: dict[str, torch.Tensor] | str | Path, lora: bool | None) -> None:
+        if self.prefix_cache is not None:  # keys and values of the old weights
+            self.prefix_cache.clear()
         with torch.no_grad():
             if isinstance(source, dict):
                 load_full(self.model, source)

@@ -88,6 +88,17 @@ def render_chat(
     tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> list[int]:
     """Prompt token ids for ``messages`` with the generation prompt appended."""
+    text = render_chat_text(tokenizer, messages, tools)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_chat_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool = True,
+) -> str:
+    """``messages`` rendered by the chat template, tools in the template's own format where it has one."""
     if not messages:
         raise InvalidRequestError("messages must hold at least one message", param="messages")
     msgs = normalise_messages(messages)
@@ -104,9 +115,11 @@ def render_chat(
         else:
             msgs.insert(0, {"role": "system", "content": described})
     try:
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **kwargs)
+        text = tokenizer.apply_chat_template(
+            msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
     except Exception as exc:  # jinja errors name the template problem; the caller sent unusable messages
         raise InvalidRequestError(
             f"the chat template rejected the messages: {exc}", param="messages"
         ) from exc
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return str(text)
