@@ -118,7 +118,9 @@ class RunningBatch:
         rows = [distinct.setdefault(tuple(s.prompt_ids), len(distinct)) for s in new]
         prompts = list(distinct)
         cache = DynamicCache(config=self.model.config)
-        hits = [self.prefix_cache.lookup(list(p)) if self.prefix_cache else (None, 0) for p in prompts]
+        hits = [
+            self.prefix_cache.lookup(list(p)) if self.prefix_cache is not None else (None, 0) for p in prompts
+        ]
         reused = [n for _, n in hits]
         # each row: [its cached prefix, right-aligned in the widest] [its remaining prompt, right-aligned]
         cached_w = max(reused)
