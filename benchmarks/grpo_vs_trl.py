@@ -480,6 +480,8 @@ def summarize(
         "tokens_per_step": _median([s["tokens"] for s in steady]),
         "samples_per_step": _median([s["samples"] for s in steady]),
         "steps_without_update": sum(1 for s in steady if s["samples"] == 0),
+        # agl skips a step whose groups all tied (TRL trains it): the steps that trained, alone
+        "updating_step_s": _median([s["step_s"] for s in steady if s["samples"] > 0]),
         "first_step_s": _median([run["steps"][0]["step_s"] for run in runs if run["steps"]]),
         "setup_s": _median([run.get("setup_s") for run in runs]),
         "reward_first": _median([run["steps"][0]["reward"] for run in runs if run["steps"]]),
@@ -532,12 +534,13 @@ def ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(rows: dict[str, dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| side | s/step (median) | wall s/step | trained tok/s | gen s | update s | samples/step | no-update steps |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| side | s/step (median) | wall s/step | trained tok/s | gen s | update s | samples/step | no-update steps "
+        "| s/updating step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for side, r in rows.items():
         cells = [r["step_s"], r["wall_s"], r["trained_tokens_per_s"], r.get("gen_s"), r.get("update_s")]
-        cells += [r["samples_per_step"], r["steps_without_update"]]
+        cells += [r["samples_per_step"], r["steps_without_update"], r["updating_step_s"]]
         lines.append(f"| {side} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     lines += ["", "| ratio | per step | per wall step | tokens/s |", "|---|---:|---:|---:|"]
     for q in ratio_rows:

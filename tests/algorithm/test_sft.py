@@ -92,7 +92,7 @@ def test_tool_call_turns_take_the_templates_own_markup(policy: Policy) -> None:
             text == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "40 + 2"}}\n</tool_call>'
         )
         whole = render_chat_text(tok, conversation()[:3], TOOLS, add_generation_prompt=False)
-        assert whole.startswith(tok.decode(list(first.input_ids)))
+        assert whole.startswith(str(tok.decode(list(first.input_ids))))
     finally:
         tok.chat_template = saved
 

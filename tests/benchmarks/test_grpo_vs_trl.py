@@ -90,3 +90,27 @@ def test_trl_side_runs_in_its_own_venv_on_the_tiny_model(tmp_path: Path) -> None
     assert row["side"] == "trl" and row["versions"]["trl"] == "1.16.0"
     _check_side(row)
     assert row["samples_per_step"] == 4  # TRL trains every sample of the 2 x 2
+
+
+def test_the_tool_task_refuses_the_in_process_side() -> None:
+    proc = _bench("--model", "tiny", "--task", "tools", "--sides", "fit,inproc", timeout=120)
+    assert proc.returncode == 2 and "--task tools" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.optional_dependency("trl")
+def test_tool_task_runs_fit_and_trl_on_one_warm_started_model(tmp_path: Path) -> None:
+    """--task tools: the model gets TRL's Qwen 2.5 template and a warm start, then both sides train on it."""
+    if not TRL_PYTHON.exists():
+        pytest.skip("no .venv-trl: run `bash scripts/setup_trl.sh` (TRL's GRPOTrainer in its own venv)")
+    out = tmp_path / "bench.jsonl"
+    small = [a for a in SMALL if a != "--skip-multi-turn"] + ["--skip-multi-turn", "--warm-steps", "1"]
+    proc = _bench(*small, "--task", "tools", "--sides", "fit,trl", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    sides = {r["side"]: r for r in _rows(out) if r["bench"] == "grpo_tools"}
+    assert set(sides) == {"fit", "trl"}
+    for row in sides.values():
+        _check_side(row)
+    (ratio,) = [r for r in _rows(out) if r["bench"] == "grpo_tools_ratio"]
+    assert (ratio["side"], ratio["over"]) == ("fit", "trl") and ratio["speedup_step"] > 0
