@@ -21,8 +21,12 @@ async def test_a_kv_cache_budget_bounds_the_sequences_decoded_together(tiny_path
     params = SamplingParams(temperature=1.0, max_tokens=16, seed=1)
     # room for two sequences of this prompt plus 16 tokens, not three
     budget_gb = 2.5 * (len(prompt) + 16) * per_token / 1024**3
-    bounded = Engine(tiny_path, max_batch_size=32, kv_cache_gb=budget_gb)
+    bounded = Engine(tiny_path, max_batch_size=32, kv_cache_gb=budget_gb, prefix_cache_share=0)
     assert bounded.kv_cache_tokens == int(budget_gb * 1024**3 // per_token)
+    # with a prefix cache, it and the running sequences share the budget
+    shared = Engine(tiny_path, kv_cache_gb=budget_gb, prefix_cache_share=0.25)
+    assert shared.prefix_cache is not None
+    assert shared.kv_cache_tokens + shared.prefix_cache.max_tokens == bounded.kv_cache_tokens
 
     async def run(engine: Engine) -> list[list[int]]:
         gens = await asyncio.gather(*(engine.generate(prompt, params) for _ in range(6)))

@@ -82,9 +82,9 @@ class Engine:
     ``precision``: ``"bf16"`` serves fp32 weights as bf16 (pushed fp32 weights are cast on load), ``"fp32"``
     keeps ``dtype``, ``"auto"`` is bf16 on a CPU with native bf16, resolved as the trained policy resolves
     it (:mod:`agl.algorithm.precision`).
-    ``max_batch_size`` bounds the sequences decoded together, and ``kv_cache_gb`` their KV cache (None: a
-    quarter of the process's memory budget, :mod:`agl.algorithm.memory`, which a trainer in the same
-    process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
+    ``max_batch_size`` bounds the sequences decoded together, and ``kv_cache_gb`` their KV cache and the
+    prefix cache together (None: a quarter of the process's memory budget, :mod:`agl.algorithm.memory`,
+    which a trainer in the same process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
     ``batch_wait_s`` after the first request so a burst is prefilled at once. ``prefix_cache_share``: the
     part of the KV budget that keeps finished sequences, so that an agent's next turn (or a sibling with the
     same system prompt) prefills only what is new (:mod:`.prefix_cache`; 0 turns it off). Never contacts a
@@ -137,7 +137,7 @@ class Engine:
         self.default_max_tokens = default_max_tokens
         self.batch_wait_s = batch_wait_s
         self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 2048))
-        self.kv_cache_tokens = self._kv_cache_tokens(kv_cache_gb, torch_dtype)
+        kv_tokens = self._kv_cache_tokens(kv_cache_gb, torch_dtype)
         if not 0 <= prefix_cache_share < 1:
             raise ConfigError(f"prefix_cache_share must be in [0, 1), got {prefix_cache_share}")
         # a sliding-window layer keeps only its window, so a stored prefix could not be handed back whole
@@ -147,9 +147,13 @@ class Engine:
             and getattr(config, "use_sliding_window", True)
         )
         self.prefix_cache = (
-            PrefixCache(int(self.kv_cache_tokens * prefix_cache_share))
+            PrefixCache(int(kv_tokens * prefix_cache_share))
             if prefix_cache_share > 0 and not sliding
             else None
+        )
+        # the running batch gets the rest of the budget: both together stay within kv_cache_gb
+        self.kv_cache_tokens = max(
+            1, kv_tokens - (self.prefix_cache.max_tokens if self.prefix_cache is not None else 0)
         )
         self.peak_batch_size = 0  # the most sequences decoded together so far
         self.eos_ids = self._eos_ids()
