@@ -230,7 +230,12 @@ def run_fit(
                 for call in message.tool_calls:
                     result = tool_task.call_tool(call.function.name, call.function.arguments)
                     messages.append(
-                        {"role": "tool", "tool_call_id": call.id, "name": "add", "content": result}
+                        {
+                            "role": "tool",
+                            "tool_call_id": call.id,
+                            "name": call.function.name,
+                            "content": result,
+                        }
                     )
         seen.append((began, task["id"], tokens))
         return reward_text(answer, task["answer"])

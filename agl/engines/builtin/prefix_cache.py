@@ -35,7 +35,6 @@ class PrefixCache:
         self._tokens = 0
         self._next = 0
         self.hit_tokens = 0  # prompt tokens served from the cache so far
-        self.prompt_tokens = 0  # prompt tokens seen by ``lookup`` so far
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -61,7 +60,6 @@ class PrefixCache:
 
         At most ``len(prompt) - 1``: the last prompt token is always computed, for the next token's logits.
         """
-        self.prompt_tokens += len(prompt)
         if not self._entries or len(prompt) <= self.min_tokens:
             return None, 0
         query = torch.tensor(prompt, dtype=torch.long)
