@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from agl.engines.builtin.lean_decode import DecodeStep
 from agl.engines.builtin.prefix_cache import PrefixCache
 from agl.engines.builtin.sampling import SamplingParams, sample_step
 
@@ -76,11 +77,13 @@ class RunningBatch:
         pad_id: int,
         on_token: Callable[[Sequence], None],
         prefix_cache: PrefixCache | None = None,
+        decode_step: DecodeStep | None = None,
     ) -> None:
         self.model = model
         self.pad_id = pad_id
         self.on_token = on_token  # called after each appended token: sets finish_reason and text
         self.prefix_cache = prefix_cache  # finished rows go in; new prompts skip the prefix they share
+        self.decode_step = decode_step  # the lean one-token step (see .lean_decode), else the model's forward
         # transformers >= 5.2x names the argument ``cache``; older releases ``past_key_values``
         params = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
@@ -209,15 +212,19 @@ class RunningBatch:
         """Feed every row its pending token and sample the next one."""
         assert self.mask is not None and self.positions is not None and self.pending is not None
         self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
-        out = self.model(
-            input_ids=self.pending.unsqueeze(1),
-            attention_mask=self.mask,
-            position_ids=self.positions.unsqueeze(1),
-            use_cache=True,
-            **{self.cache_arg: self.cache},
-        )
+        if self.decode_step is not None:
+            logits = self.decode_step(self.pending, self.positions, self.mask, self.cache)
+        else:
+            out = self.model(
+                input_ids=self.pending.unsqueeze(1),
+                attention_mask=self.mask,
+                position_ids=self.positions.unsqueeze(1),
+                use_cache=True,
+                **{self.cache_arg: self.cache},
+            )
+            logits = out.logits[:, -1, :]
         self.positions = self.positions + 1
-        self.pending = self._sample(self.seqs, out.logits[:, -1, :])
+        self.pending = self._sample(self.seqs, logits)
 
     def prune(self) -> list[Sequence]:
         """Drop finished rows (returned) and the cache columns that are padding for every remaining row."""

@@ -18,8 +18,10 @@ from typing import Any
 import torch
 
 from agl.algorithm.precision import resolve_precision
+from agl.compute_thread import run_compute
 from agl.engines.builtin.batch import RunningBatch, Sequence, cache_tokens, kv_bytes_per_token
 from agl.engines.builtin.embeddings import pooled
+from agl.engines.builtin.lean_decode import lean_decode_step
 from agl.engines.builtin.matmul import use_weight_major_decode
 from agl.engines.builtin.prefix_cache import PrefixCache
 from agl.engines.builtin.prompts import render_chat
@@ -87,8 +89,10 @@ class Engine:
     which a trainer in the same process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
     ``batch_wait_s`` after the first request so a burst is prefilled at once. ``prefix_cache_share``: the
     part of the KV budget that keeps finished sequences, so that an agent's next turn (or a sibling with the
-    same system prompt) prefills only what is new (:mod:`.prefix_cache`; 0 turns it off). Never contacts a
-    model hub (``local_files_only=True``).
+    same system prompt) prefills only what is new (:mod:`.prefix_cache`; 0 turns it off). ``lean_decode``:
+    Llama-family models decode one token per row through their own modules without the generic forward's
+    per-call work (:mod:`.lean_decode`; checked against that forward at load). Never contacts a model hub
+    (``local_files_only=True``).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class Engine:
         kv_cache_gb: float | None = None,
         precision: str = "auto",
         prefix_cache_share: float = 0.25,
+        lean_decode: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -132,6 +137,8 @@ class Engine:
         self.model.eval()
         # decode multiplies a few rows by every weight: some BLASes do that far faster as W @ x.T
         self.weight_major_decode = use_weight_major_decode(self.model)
+        # a Llama-family model decodes through its own modules without the generic forward's per-call work
+        self.decode_step = lean_decode_step(self.model) if lean_decode else None
         self.device = device
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
@@ -289,7 +296,7 @@ class Engine:
             self._task = asyncio.get_running_loop().create_task(self._schedule())
 
     async def _schedule(self) -> None:
-        batch = RunningBatch(self.model, self.pad_id, self._on_token, self.prefix_cache)
+        batch = RunningBatch(self.model, self.pad_id, self._on_token, self.prefix_cache, self.decode_step)
         if self.batch_wait_s > 0:
             # requests sent together over HTTP arrive a few ms apart: one prefill for all of them is cheaper
             await asyncio.sleep(self.batch_wait_s)
@@ -308,13 +315,15 @@ class Engine:
                 break
             self.peak_batch_size = max(self.peak_batch_size, len(batch.seqs) + len(admit))
             try:
-                finished = await asyncio.to_thread(self._step, batch, admit)
+                finished = await run_compute(self._step, batch, admit)
             except Exception as exc:  # a failed forward pass fails its batch, never hangs the callers
                 logger.exception("engine step failed")
                 for seq in batch.seqs + admit:
                     if not seq.request.future.done():
                         seq.request.future.set_exception(exc)
-                batch = RunningBatch(self.model, self.pad_id, self._on_token, self.prefix_cache)
+                batch = RunningBatch(
+                    self.model, self.pad_id, self._on_token, self.prefix_cache, self.decode_step
+                )
                 continue
             self._deliver(batch.seqs + finished)
         self._task = None
@@ -412,7 +421,7 @@ class Engine:
             self._update_lock = asyncio.Lock()
         async with self._update_lock:
             version = self.model_version
-            vectors = await asyncio.to_thread(self._embed, inputs)
+            vectors = await run_compute(self._embed, inputs)
         return vectors, version
 
     def _embed(self, inputs: list[list[int]]) -> list[torch.Tensor]:
@@ -438,7 +447,7 @@ class Engine:
             try:
                 if self._task is not None and not self._task.done():
                     await asyncio.shield(self._task)
-                await asyncio.to_thread(self._load, source, lora)
+                await run_compute(self._load, source, lora)
                 self._versions += 1
                 self.model_version = version or f"v{self._versions}"
                 logger.info("engine weights updated to %s", self.model_version)
