@@ -7,7 +7,6 @@ sibling and renamed into place, so a crash never leaves a half-written ``model/`
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -21,6 +20,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from agl.compute_thread import run_compute
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ async def export_trained(
     out = Path(out_dir)
     exported = None
     if cfg.export_model and policy is not None:
-        exported = await asyncio.to_thread(
+        exported = await run_compute(
             export_policy,
             policy,
             out / MODEL_DIR,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from agl.compute_thread import run_compute
 from agl.errors import ConfigError
 from agl.gateway.config import UpstreamConfig
 
@@ -187,7 +188,7 @@ class ServedEngines:
 class _BuiltinEngines(ServedEngines):
     async def sync(self, source: WeightSource | Mapping[str, Any], gateway: Pausable | None = None) -> str:
         # the built-in engine swaps weights between batches and stamps versions itself: no pause needed
-        state = await asyncio.to_thread(weight_source(source).engine_weights)
+        state = await run_compute(weight_source(source).engine_weights)
         versions = await asyncio.gather(*(asyncio.to_thread(r.update_weights, state) for r in self.replicas))
         return str(versions[0])
 
@@ -219,10 +220,10 @@ class _VllmEngines(ServedEngines):
         lora = self.lora
         folder = self.work_dir / ("lora" if lora else "weights") / version
         if lora:
-            await asyncio.to_thread(source.save_adapter, folder)
+            await run_compute(source.save_adapter, folder)
         else:
-            state = await asyncio.to_thread(source.engine_weights)
-            await asyncio.to_thread(save_model_folder, state, self.model_path, folder)
+            state = await run_compute(source.engine_weights)
+            await run_compute(save_model_folder, state, self.model_path, folder)
         try:  # a drain that times out also resumes: the error, not a stuck gateway, ends the run
             if gateway is not None:
                 await gateway.pause(self.spec.drain_timeout_s)
@@ -293,7 +294,7 @@ async def start_engines(
     placer = placer or LocalPlacer()
     if isinstance(spec, BuiltinEngine):
         engine_options = {"precision": precision, **spec.options}
-        replica = await asyncio.to_thread(placer.builtin, model_path, engine_options)
+        replica = await run_compute(placer.builtin, model_path, engine_options)
         key = spec.options.get("token")  # EngineServer(token=...): the gateway sends it upstream
         name = getattr(replica, "backend_name", None)  # e.g. a Ray replica's URL#ray-node=ID
         upstream = UpstreamConfig(url=replica.base_url, kind="agl", api_key=key, name=name)

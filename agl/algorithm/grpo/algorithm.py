@@ -9,7 +9,6 @@ resources version, so the next rollouts record the version they ran with.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import random
@@ -26,6 +25,7 @@ from agl.algorithm.grpo.config import GRPOConfig
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed, rollout_failures
 from agl.algorithm.memory import step_peaks
+from agl.compute_thread import run_compute
 from agl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -52,8 +52,8 @@ class GRPO(Algorithm):
         if self.config.lora_rank:
             raise ConfigError("resume supports full fine-tuning checkpoints; set lora_rank=0 or start afresh")
         state = json.loads((checkpoint / "trainer_state.json").read_text())
-        self.policy = await asyncio.to_thread(self._make_policy, str(checkpoint))
-        await asyncio.to_thread(self.policy.load_optimizer, checkpoint)
+        self.policy = await run_compute(self._make_policy, str(checkpoint))
+        await run_compute(self.policy.load_optimizer, checkpoint)
         log.info("resumed from %s (step %d)", checkpoint, state["step"])
         return int(state["step"]) + 1
 
@@ -95,9 +95,7 @@ class GRPO(Algorithm):
             if self.initial_val is not None
             else (await self._baseline(ctx, val, resources_id))[0]
         )
-        self.warm_start_history = await asyncio.to_thread(
-            train_warm_start, self.policy, self.config.warm_start
-        )
+        self.warm_start_history = await run_compute(train_warm_start, self.policy, self.config.warm_start)
         resources_id = await self._publish(ctx, self.policy)
         phases["after_warm_start"] = await self.evaluate(ctx, val, resources_id)
         log.info(
@@ -135,7 +133,7 @@ class GRPO(Algorithm):
         if checkpoint is not None:
             first_step = await self._resume(ctx, checkpoint)
         elif self.policy is None:
-            self.policy = await asyncio.to_thread(self._make_policy)
+            self.policy = await run_compute(self._make_policy)
         metrics = MetricsLogger(out, total_steps=cfg.steps, resume=checkpoint is not None)
         resources_id = await self._publish(ctx, None if checkpoint is None else self.policy)
         phases: dict[str, float] = {}
@@ -155,7 +153,7 @@ class GRPO(Algorithm):
             enabled=cfg.export_model and bool(val) and cfg.eval_every > 0,
             base_path=cfg.model_path,
         )
-        await asyncio.to_thread(best.offer, self.policy, val_before, step=first_step - 1)
+        await run_compute(best.offer, self.policy, val_before, step=first_step - 1)
         if checkpoint is None:
             failed = self.baseline_failures
             metrics.log(0, {"val_reward": val_before, **failed.metrics("val_"), **failed.console()})
@@ -221,7 +219,7 @@ class GRPO(Algorithm):
         if cfg.world_size > 1:
             from agl.algorithm.policy.distributed import DistributedPolicy
 
-            self.policy = await asyncio.to_thread(
+            self.policy = await run_compute(
                 DistributedPolicy.start, self.policy, cfg.world_size, checkpoint, cfg.sharding
             )
         out = Path(ctx.output_dir)
@@ -250,7 +248,7 @@ class GRPO(Algorithm):
                 row = {**batch.metrics, **stale, "trainer_idle_s": fetched.wait_s}
                 if batch.samples:
                     row.update(
-                        await asyncio.to_thread(
+                        await run_compute(
                             self.policy.step, batch.samples, batch.advantages, batch.rollout_index
                         )
                     )
@@ -259,12 +257,12 @@ class GRPO(Algorithm):
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                     val_after = await self.evaluate(ctx, val, resources_id)
                     row["val_reward"] = val_after
-                    await asyncio.to_thread(
+                    await run_compute(
                         best.offer, self.policy, val_after, step=step, model_version=self.version
                     )
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                     path = out / "checkpoints" / f"step-{step}"
-                    await asyncio.to_thread(self.policy.save, path)
+                    await run_compute(self.policy.save, path)
                     (path / "trainer_state.json").write_text(
                         json.dumps({"step": step, "version": self.version})
                     )
@@ -280,7 +278,7 @@ class GRPO(Algorithm):
         finally:
             await pipeline.close()
             if cfg.world_size > 1:
-                await asyncio.to_thread(self.policy.close, not failed)
+                await run_compute(self.policy.close, not failed)
                 self.policy = self.policy.policy
         return float(val_after)
 

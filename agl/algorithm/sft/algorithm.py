@@ -32,6 +32,7 @@ from agl.algorithm.sft.samples import (
     samples_from_spans,
     select_rollouts,
 )
+from agl.compute_thread import run_compute
 from agl.errors import ConfigError
 
 
@@ -71,7 +72,7 @@ class SFT(Algorithm):
             return
         from agl.algorithm.policy.distributed import DistributedPolicy
 
-        self.policy = await asyncio.to_thread(
+        self.policy = await run_compute(
             DistributedPolicy.start, self.policy, cfg.world_size, None, cfg.sharding
         )
         failed = False
@@ -81,7 +82,7 @@ class SFT(Algorithm):
             failed = True
             raise
         finally:
-            await asyncio.to_thread(self.policy.close, not failed)
+            await run_compute(self.policy.close, not failed)
             self.policy = self.policy.policy
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
@@ -107,14 +108,14 @@ class SFT(Algorithm):
             return await self._run_offline(ctx, val)
         if ctx.llm is None or ctx.engines is None:
             raise ConfigError("SFT trains a local model: run it through Trainer.fit, which serves the model")
-        self.policy = await asyncio.to_thread(Policy, self.policy_config(), LossConfig())
+        self.policy = await run_compute(Policy, self.policy_config(), LossConfig())
         async with self.ranks():  # world_size > 1: every step on every rank (FSDP2 shards)
             rng = random.Random(cfg.seed)
             seed = []
             if warm_start:
                 seed = samples_from_messages(self.policy.tokenizer, list(warm_start), ctx.tools)
                 for start in range(0, len(seed), cfg.batch_size):
-                    await asyncio.to_thread(self.policy.sft_step, seed[start : start + cfg.batch_size])
+                    await run_compute(self.policy.sft_step, seed[start : start + cfg.batch_size])
             resources_id = (await ctx.publish_policy(self.policy if warm_start else None)).resources_id
             baseline = await evaluate(ctx, val, resources_id, timeout_s=cfg.rollout_timeout_s)
             before, failures = baseline.score, baseline.failures
@@ -124,7 +125,7 @@ class SFT(Algorithm):
             self.best = BestExport(
                 out / BEST_DIR, enabled=cfg.export_model and bool(val), base_path=cfg.model_path
             )
-            await asyncio.to_thread(self.best.offer, self.policy, before, iteration=0)
+            await run_compute(self.best.offer, self.policy, before, iteration=0)
             metrics = self._metrics_logger(ctx)
             if val:
                 metrics.log(
@@ -213,9 +214,7 @@ class SFT(Algorithm):
             for epoch in range(cfg.epochs):
                 rng.shuffle(samples)
                 for start in range(0, len(samples), cfg.batch_size):
-                    stats = await asyncio.to_thread(
-                        self.policy.sft_step, samples[start : start + cfg.batch_size]
-                    )
+                    stats = await run_compute(self.policy.sft_step, samples[start : start + cfg.batch_size])
                     row["sft_loss"] = stats["sft_loss"]
                     step += 1
                     finished = epoch * math.ceil(len(samples) / cfg.batch_size) + start // cfg.batch_size + 1
@@ -227,7 +226,7 @@ class SFT(Algorithm):
                 after = await self.evaluate(ctx, val, resources_id)
                 row["val_reward"] = after
                 if self.best is not None:
-                    await asyncio.to_thread(self.best.offer, self.policy, after, iteration=iteration)
+                    await run_compute(self.best.offer, self.policy, after, iteration=iteration)
             self.history.append(row)
             metrics.log(
                 step,
@@ -256,7 +255,7 @@ class SFT(Algorithm):
         out = Path(ctx.output_dir)
         if cfg.export_jsonl:
             export_jsonl(selection.conversations, out / "sft-from-store.jsonl")
-        self.policy = await asyncio.to_thread(Policy, self.policy_config(), LossConfig())
+        self.policy = await run_compute(Policy, self.policy_config(), LossConfig())
         serving = ctx.llm is not None and ctx.engines is not None
         best = BestExport(
             out / BEST_DIR, enabled=cfg.export_model and bool(val) and serving, base_path=cfg.model_path
@@ -280,7 +279,7 @@ class SFT(Algorithm):
                 if serving and val:
                     before = after = await self.evaluate(ctx, val, (await ctx.publish_policy()).resources_id)
                     metrics.log(0, {"epoch": 0, "val_reward": before, **selection.counts})
-                    await asyncio.to_thread(best.offer, self.policy, before, epoch=0)
+                    await run_compute(best.offer, self.policy, before, epoch=0)
                 await self._train_epochs(selection.samples, metrics)
                 if serving:
                     resources_id = (await ctx.publish_policy(self.policy)).resources_id
@@ -288,7 +287,7 @@ class SFT(Algorithm):
                         after = await self.evaluate(ctx, val, resources_id)
                         self.history[-1]["val_reward"] = after
                         metrics.log(len(self.history), {"epoch": cfg.epochs, "val_reward": after})
-                        await asyncio.to_thread(best.offer, self.policy, after, epoch=cfg.epochs)
+                        await run_compute(best.offer, self.policy, after, epoch=cfg.epochs)
             finally:
                 metrics.close()
         exported = await export_trained(
@@ -318,7 +317,7 @@ class SFT(Algorithm):
             rng.shuffle(order)
             losses = []
             for b in range(batches):
-                stats = await asyncio.to_thread(
+                stats = await run_compute(
                     self.policy.sft_step, order[b * cfg.batch_size : (b + 1) * cfg.batch_size]
                 )
                 losses.append(stats["sft_loss"])
