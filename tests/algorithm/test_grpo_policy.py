@@ -136,3 +136,26 @@ async def test_engine_and_trainer_logprobs_agree_on_sampled_tokens(tiny: Path, p
     worst = float(gap.max())
     print(f"engine vs trainer logprobs: max abs diff {worst:.2e} over {gap.numel()} tokens")
     assert worst < 1e-4
+
+
+def test_short_rows_take_eager_attention_with_the_same_gradient(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of a few dozen tokens run plain attention (cheaper than SDPA's CPU backward there): same gradient,
+    and the model is back on SDPA after the step."""
+    from agl.algorithm.policy import model as policy_model
+
+    seen: list[str] = []
+    attention = policy.model.model.layers[0].self_attn
+    hook = attention.register_forward_pre_hook(lambda m, _a: seen.append(m.config._attn_implementation))
+    batch = _batch("trajectory")
+    assert max(len(s.input_ids) for s in batch[0]) <= policy_model.EAGER_ATTENTION_MAX_LEN
+    try:
+        eager = batch_gradient(policy, *batch)
+        monkeypatch.setattr(policy_model, "EAGER_ATTENTION_MAX_LEN", 0)
+        sdpa = batch_gradient(policy, *batch)
+    finally:
+        hook.remove()
+    assert "eager" in seen and "sdpa" in seen
+    assert policy.model.config._attn_implementation == "sdpa"
+    _assert_same(eager, sdpa)
