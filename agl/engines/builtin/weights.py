@@ -55,7 +55,7 @@ def load_full(model: Any, state: dict[str, torch.Tensor]) -> None:
             )
     with torch.no_grad():
         for key, tensor in state.items():
-            own[key].copy_(tensor.to(own[key].dtype))
+            own[key].copy_(tensor)  # casts as it copies (a .to() first would write the weights twice)
 
 
 def merge_lora(model: Any, base_state: dict[str, torch.Tensor], path: Path) -> None:
