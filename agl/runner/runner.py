@@ -187,8 +187,7 @@ class Runner:
                     slots.release()
                     if stop_when_idle and not tasks:
                         break
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), delay)
+                    await self._idle(delay)
                     delay = min(delay * 2, self.max_poll_interval_s)
                     continue
                 delay = self.poll_interval_s
@@ -223,6 +222,18 @@ class Runner:
 
         with contextlib.suppress(GaveUp):
             await self.outage.call("registering the worker", call, stop=self._stopping)
+
+    async def _idle(self, delay: float) -> None:
+        """Wait ``delay`` between empty dequeues, less when the store signals a queued rollout or on stop."""
+        assert self._stopping is not None
+        waits = [
+            asyncio.ensure_future(self._stopping.wait()),
+            asyncio.ensure_future(self.store.wait_for_queued(delay)),
+        ]
+        _, pending = await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _dequeue(self) -> AttemptedRollout | None:
         """The next attempt; None when the queue is empty or the runner stopped during an outage."""

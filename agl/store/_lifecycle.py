@@ -209,6 +209,8 @@ class TableStore(LightningStore):
             finished.append(rollout.rollout_id)
             for attempt, _ in t.live_attempts(rollout.rollout_id):  # cancelling a live attempt ends it
                 self._finish_attempt(t, attempt, AttemptStatus.FAILED, "rollout cancelled")
+        if status == RolloutStatus.REQUEUING:
+            self._signal_queued()  # a hint only: a waiter that finds nothing waits again
         return status == RolloutStatus.REQUEUING
 
     def _finish_attempt(self, t: Tables, attempt: Attempt, status: AttemptStatus, error: str | None) -> None:
@@ -275,7 +277,9 @@ class TableStore(LightningStore):
             resolved = {rid: self._resolve_resources(t, rid) for rid in wanted}
             return [self._insert_rollout(t, r, RolloutStatus.QUEUING, resolved[r.resources_id]) for r in reqs]
 
-        return await self._tx(op)
+        rollouts = await self._tx(op)
+        self._signal_queued()
+        return rollouts
 
     async def dequeue(self, worker_id: str) -> AttemptedRollout | None:
         self._ensure_watchdog()

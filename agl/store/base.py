@@ -270,6 +270,9 @@ def duration_s(rollout: Rollout) -> float | None:
     return rollout.ended_at - (rollout.started_at or rollout.created_at)
 
 
+QUEUE_KEY = "queue"  # what queue waiters wait on (completion waiters wait on rollout ids)
+
+
 class CompletionWaiters:
     """Futures waiting for rollouts to finish, woken from any thread or event loop."""
 
@@ -316,6 +319,7 @@ class LightningStore(ABC):
         self.clock = clock
         self.watchdog_interval_s = watchdog_interval_s
         self._waiters = CompletionWaiters()
+        self._queue_waiters = CompletionWaiters()  # runners between empty dequeues, keyed by QUEUE_KEY
         self._watchdog_task: asyncio.Task[None] | None = None
 
     # ----- rollouts -------------------------------------------------------------------------
@@ -525,6 +529,24 @@ class LightningStore(ABC):
                     await asyncio.wait_for(asyncio.shield(future), wait)
             finally:
                 self._waiters.discard(future)
+
+    async def wait_for_queued(self, timeout_s: float) -> None:
+        """Wait until a rollout is queued (or re-queued) through this store object, or ``timeout_s`` passes.
+
+        Runners call it between empty dequeues instead of sleeping, so a step's rollouts start as soon as the
+        algorithm enqueues them; it says only that one may be there (dequeue to find out). Rollouts queued by
+        another process (another server, a client over HTTP) are not signalled: it then waits ``timeout_s``.
+        """
+        future = self._queue_waiters.register([QUEUE_KEY])
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        finally:
+            self._queue_waiters.discard(future)
+
+    def _signal_queued(self) -> None:
+        """Wake :meth:`wait_for_queued` callers in any thread or event loop."""
+        self._queue_waiters.notify([QUEUE_KEY])
 
     #: How often a waiter re-reads the backend for completions made by other processes (None: never).
     cross_process_poll_s: float | None = None

@@ -395,3 +395,37 @@ async def test_span_write_failures_are_retried_counted_and_never_fail_the_agent(
     (outcome,) = await runner.run(max_rollouts=1)
     assert outcome.status == AttemptStatus.SUCCEEDED and outcome.spans == 0
     assert runner.stats.spans_lost == 1
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+async def test_an_idle_runner_claims_a_queued_rollout_without_waiting_out_its_back_off(
+    backend: str, tmp_path: Path
+) -> None:
+    """An in-process store signals the runner when a rollout is queued: a runner backed off to a 30 s poll
+    still starts it at once."""
+    store: LightningStore = (
+        InMemoryLightningStore() if backend == "memory" else SqliteLightningStore(str(tmp_path / "s.db"))
+    )
+    started = asyncio.Event()
+
+    @agl.rollout
+    async def agent(task: str) -> float:
+        started.set()
+        return 1.0
+
+    empty = asyncio.Event()
+    dequeue = store.dequeue
+
+    async def watched(worker_id: str) -> Any:
+        claimed = await dequeue(worker_id)
+        if claimed is None:
+            empty.set()
+        return claimed
+
+    store.dequeue = watched  # type: ignore[method-assign]
+    runner = agl.Runner(agent, store, poll_interval_s=30.0, max_poll_interval_s=30.0)
+    running = asyncio.create_task(runner.run(max_rollouts=1))
+    await asyncio.wait_for(empty.wait(), 10)  # the runner found nothing and backed off for 30 s
+    await store.enqueue_rollout("go")
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(running, 10)
