@@ -23,9 +23,11 @@ REQUEST = contextvars.ContextVar("REQUEST", default="none")
 
 async def test_jobs_run_in_order_on_one_named_thread_with_the_callers_context() -> None:
     REQUEST.set("r-1")
-    seen = await asyncio.gather(
-        *(run_compute(lambda i=i: (i, threading.current_thread(), REQUEST.get())) for i in range(5))
-    )
+
+    def job(i: int) -> tuple[int, threading.Thread, str]:
+        return i, threading.current_thread(), REQUEST.get()
+
+    seen = await asyncio.gather(*(run_compute(job, i) for i in range(5)))
     assert [i for i, _, _ in seen] == list(range(5))
     assert len({t for _, t, _ in seen}) == 1 and seen[0][1].name.startswith("agl-compute")
     assert {r for _, _, r in seen} == {"r-1"}

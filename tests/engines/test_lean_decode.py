@@ -60,7 +60,8 @@ def test_llama_steps_match_the_models_forward(kv_heads: int) -> None:
             got = step(token, pos, mask, caches[1])
             assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
             token, pos = want.argmax(-1), pos + 1
-    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+    layers: list[Any] = [list(cache.layers) for cache in caches]  # DynamicLayer: keys and values
+    for a, b in zip(*layers, strict=True):
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
