@@ -159,9 +159,9 @@ class RayLauncher:
                         runs, timeout=_RUNNER_LOSS_GRACE_S, return_when=asyncio.FIRST_EXCEPTION
                     )
                     if any(_lost_an_actor(r) for r in runs):
-                        await fleet.raise_lost(store, {i: r for i, r in enumerate(runs) if r.done()})
+                        await fleet.raise_lost(store, runs)
                 if not algorithm_task.done():  # a runner actor ended (or died) while the algorithm ran
-                    await fleet.raise_lost(store, {i: r for i, r in enumerate(runs) if r.done()})
+                    await fleet.raise_lost(store, runs)
                 return algorithm_task.result()
             finally:
                 algorithm_task.cancel()
@@ -189,21 +189,34 @@ class RunnerFleet:
         self.where = list(await asyncio.gather(*(a.where.remote() for a in self.actors)))
         return self.where
 
-    async def raise_lost(self, store: Any, ended: Mapping[int, asyncio.Future[Any]]) -> None:
-        """Runner actors ``ended`` stopped early: fail the in-flight attempts of the lost ones and raise why.
+    async def raise_lost(self, store: Any, runs: Sequence[asyncio.Future[Any]]) -> None:
+        """Some of the actors' ``runs`` ended early: fail the in-flight attempts of the lost actors and raise.
 
-        Every actor on a node Ray reports dead counts as lost, not only those whose end was seen yet.
+        Every actor on a node Ray reports dead counts as lost, and so does one on a dead actor's node
+        whose own death shows within a few seconds: a lost node's actors die together, but their deaths
+        reach the driver one by one, before Ray marks the node dead. Else the algorithm, stopping,
+        would cancel those attempts as if nothing had happened to them.
 
         Raises:
             RayNodeLostError: an actor died (its node was lost, or it crashed).
             RuntimeError: an actor's run loop returned, or raised, while the algorithm still ran.
         """
         ray = _ray()
-        died = {i: run.exception() for i, run in ended.items() if _lost_an_actor(run)}
+        died = {i: run.exception() for i, run in enumerate(runs) if _lost_an_actor(run)}
         if not died:
-            for run in ended.values():
-                run.result()  # an actor's own error, as it raised it
+            for run in runs:
+                if run.done():
+                    run.result()  # an actor's own error, as it raised it
             raise RuntimeError("a Ray runner actor stopped while the algorithm was still running")
+        nodes_of_dead = {self.where[i].get("ray_node_id") for i in died}
+        node_mates = [
+            r
+            for i, r in enumerate(runs)
+            if not r.done() and self.where[i].get("ray_node_id") in nodes_of_dead
+        ]
+        if node_mates:
+            await asyncio.wait(node_mates, timeout=_NODE_MATES_GRACE_S)
+            died = {i: run.exception() for i, run in enumerate(runs) if _lost_an_actor(run)}
         dead_nodes = {n["NodeID"] for n in ray.nodes() if not n.get("Alive", True)}
         lost = sorted(set(died) | {i for i, w in enumerate(self.where) if w.get("ray_node_id") in dead_nodes})
         nodes = {
@@ -242,6 +255,7 @@ class RunnerFleet:
 
 
 _RUNNER_LOSS_GRACE_S = 30.0  # how long a lost engine actor's node has to show in its runner actors' ends
+_NODE_MATES_GRACE_S = 10.0  # how long the other actors on a dead actor's node have to show their deaths
 
 
 def _lost_an_actor(run: asyncio.Future[Any]) -> bool:

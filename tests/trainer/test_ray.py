@@ -23,6 +23,7 @@ from agl import semconv as sc
 from agl.algorithm.grpo import GRPO, GRPOConfig
 from agl.errors import ConfigError
 from agl.models import tiny_model
+from agl.schemas import RolloutCreate
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -142,3 +143,35 @@ def test_fit_on_ray_runs_runners_and_engine_on_actors(ray_cluster: Any, tmp_path
     assert len({s.attributes[sc.LLM_BACKEND] for s in spans}) == 1
     versions = sorted(s.attributes[sc.LLM_MODEL_VERSION] for s in spans)
     assert versions == ["v0"] * 9 + ["v1"]  # the last validation ran after the step's weight sync
+
+
+def test_a_node_mate_whose_death_shows_late_is_counted_lost(ray_cluster: Any) -> None:
+    """Actors of a lost node die together but their deaths reach the driver one by one, before Ray marks
+    the node dead: the in-flight attempts of a node-mate whose death shows a moment later fail too, naming
+    the node, instead of being left to the stopping algorithm to cancel."""
+    from agl.trainer.ray import RayNodeLostError, RunnerFleet
+
+    async def scenario() -> tuple[str, list[agl.Attempt]]:
+        store = agl.InMemoryLightningStore()
+        await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(2)])
+        for worker in ("w-a", "w-b"):
+            claimed = await store.dequeue(worker)
+            assert claimed is not None
+            await store.update_attempt(
+                claimed.rollout.rollout_id, claimed.attempt.attempt_id, status=agl.AttemptStatus.RUNNING
+            )
+        fleet = RunnerFleet.__new__(RunnerFleet)  # the actors' places, without starting actors
+        fleet.where = [{"worker_id": w, "ray_node_id": "node-x", "hostname": "h"} for w in ("w-a", "w-b")]
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        first.set_exception(ray_cluster.exceptions.RayActorError(error_msg="its node has died"))
+        loop.call_later(0.3, second.set_exception, ray_cluster.exceptions.RayActorError(error_msg="its node"))
+        with pytest.raises(RayNodeLostError) as err:
+            await fleet.raise_lost(store, [first, second])
+        second.exception()
+        return str(err.value), (await store.query_attempts(limit=10)).items
+
+    message, attempts = asyncio.run(scenario())
+    assert "2 in-flight attempt(s) were marked failed" in message and "[0, 1]" in message
+    assert [a.status for a in attempts] == [agl.AttemptStatus.FAILED] * 2
+    assert all("Ray node node-x lost" in (a.error or "") for a in attempts)
