@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "instrument": "agl.tracer",
     "operation": "agl.emit",
     "rollout": "agl.agent",
+    "openai_client": "agl.agent",
     "LLM": "agl.schemas",
     "Attempt": "agl.schemas",
     "AttemptStatus": "agl.schemas",
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from agl import models as models
     from agl import sandbox as sandbox
     from agl import store as store
-    from agl.agent import CommandAgent, LitAgent, rollout
+    from agl.agent import CommandAgent, LitAgent, openai_client, rollout
     from agl.algorithm import (
         Algorithm,
         TrainingContext,
@@ -140,6 +141,7 @@ __all__ = [
     "emit_reward",
     "instrument",
     "open_store",
+    "openai_client",
     "operation",
     "rollout",
 ]

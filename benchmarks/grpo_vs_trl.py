@@ -193,12 +193,16 @@ def run_fit(
         tuple[float, str, int]
     ] = []  # (began, task id, prompt + completion tokens), in finishing order
 
+    def client_for(llm: agl.LLM) -> openai.AsyncOpenAI:
+        """The rollout's client: over the runner's shared connections, or (``fresh``) a new one per rollout."""
+        if args.agent_client == "fresh":  # ~30 ms of CPU each for its SSL context, on the runner's loop
+            return openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0)
+        return agl.openai_client(llm, max_retries=0)
+
     @agl.rollout
     async def agent(task: dict[str, Any], llm: agl.LLM) -> float:
         began = time.perf_counter()
-        async with openai.AsyncOpenAI(
-            base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0
-        ) as client:
+        async with client_for(llm) as client:
             reply = await client.chat.completions.create(
                 model=llm.model, messages=task["prompt"], max_tokens=args.max_tokens
             )
@@ -212,9 +216,7 @@ def run_fit(
         began = time.perf_counter()
         messages: list[dict[str, Any]] = list(task["prompt"])
         answer, tokens = "", 0
-        async with openai.AsyncOpenAI(
-            base_url=llm.endpoint, api_key=llm.api_key or "unused", max_retries=0
-        ) as client:
+        async with client_for(llm) as client:
             for _ in range(args.turns):
                 reply = await client.chat.completions.create(
                     model=llm.model, messages=messages, tools=TOOLS, max_tokens=args.max_tokens
@@ -420,7 +422,7 @@ def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Pat
     own = ["--model", args.model, "--side", side, "--pool-size", str(args.pool_size)]
     own += ["--micro-batch-tokens", str(args.micro_batch_tokens), "--precision", args.precision]
     own += ["--max-tokens", str(args.max_tokens), "--task", args.task, "--turns", str(args.turns)]
-    own += ["--model-dir", str(path)]
+    own += ["--model-dir", str(path), "--agent-client", args.agent_client]
     return [sys.executable, str(Path(__file__).resolve()), *shared, *own]
 
 
@@ -494,6 +496,8 @@ def summarize(
         "same_prompts": all([s.get("task_ids") for s in run["steps"]] == expected for run in runs),
         "threads": args.threads,
     }
+    if side.startswith("fit"):
+        row["agent_client"] = args.agent_client
     for key in ("gen_s", "update_s", "sync_s"):
         if any(key in s for s in steady):
             row[key] = _median([s.get(key) for s in steady])
@@ -702,6 +706,12 @@ def main() -> None:
     parser.add_argument("--pool-size", type=int, default=64, help="tasks the steps draw their prompts from")
     parser.add_argument("--micro-batch-tokens", type=_micro_batch_tokens, default="auto")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--agent-client",
+        choices=["shared", "fresh"],
+        default="shared",
+        help="fit's agent: agl.openai_client(llm) (shared connections) or a new openai.AsyncOpenAI per rollout",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--trl-python", type=Path, default=TRL_PYTHON, help="an interpreter with trl, datasets"

@@ -51,6 +51,7 @@ EXPORTED = [
     "emit_reward",
     "instrument",
     "open_store",
+    "openai_client",
     "operation",
     "rollout",
 ]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl.agent.base import LitAgent, scoped_llm
+from agl.agent.clients import shared_pool_scope
 from agl.emit import emit_exception, emit_reward
 from agl.errors import AglError, StaleAttemptError, StoreUnavailableError
 from agl.schemas import (
@@ -167,6 +168,10 @@ class Runner:
 
         Returns the outcomes of the attempts this call ran.
         """
+        async with shared_pool_scope():  # agl.openai_client's connections, closed after the last runner here
+            return await self._run(max_rollouts, stop_when_idle)
+
+    async def _run(self, max_rollouts: int | None, stop_when_idle: bool) -> list[AttemptOutcome]:
         stopping = self._stopping = asyncio.Event()
         if self._stop_requested:
             stopping.set()
