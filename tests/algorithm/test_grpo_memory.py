@@ -27,6 +27,7 @@ from agl.algorithm.memory import (
     checkpointing_for,
     gpu_memory_utilization,
     process_rss,
+    release_free_memory,
     step_peaks,
 )
 from agl.algorithm.policy.model import Policy, PolicyConfig
@@ -95,6 +96,12 @@ def _policy(tiny: Path, **options: object) -> Policy:
     return Policy(config, LossConfig())
 
 
+def rss_in_use() -> int:
+    """The process's RSS without the freed memory glibc holds for reuse (the policy holds it on CPU)."""
+    release_free_memory()
+    return process_rss()
+
+
 def _grads(policy: Policy) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
 
@@ -106,7 +113,7 @@ def test_a_step_over_a_forced_budget_backs_off_and_keeps_the_one_batch_gradient(
     samples, adv, index = _batch(8, 400)
     whole = _policy(tiny, micro_batch_tokens=100_000)
     assert len(whole.micro_batches(samples)) == 1
-    base = process_rss()
+    base = rss_in_use()
     metrics = whole.step(samples, adv, index)  # lr 0: the step leaves the weights alone
     rise = metrics["update_peak_rss_gb"] * GB - base
     assert rise > 20 * MB, f"the one-batch step should need tens of MB, rose {rise / MB:.0f} MB"
@@ -114,7 +121,7 @@ def test_a_step_over_a_forced_budget_backs_off_and_keeps_the_one_batch_gradient(
 
     forced = _policy(tiny, micro_batch_tokens=100_000)
     # the budget is set once the second policy is loaded, so its headroom is 60% of the step's rise
-    forced.sizer = MicroBatchSizer(100_000, "cpu", (process_rss() + 0.6 * rise) / GB)
+    forced.sizer = MicroBatchSizer(100_000, "cpu", (rss_in_use() + 0.6 * rise) / GB)
     got = forced.step(samples, adv, index)
     assert got["memory_backoffs"] >= 1
     assert got["micro_batch_tokens"] < sum(len(s.input_ids) for s in samples)
@@ -141,10 +148,11 @@ def test_a_budget_no_sample_fits_stops_with_the_settings_to_change_and_changes_n
             lr=1e-2,
             activation_checkpointing=False,
             micro_batch_tokens=100_000,
-            memory_budget_gb=(process_rss() + 1 * MB) / GB,
         ),
         LossConfig(),
     )
+    # a budget of what the loaded process holds in use, plus 1 MB: no sample's micro-batch fits in it
+    policy.sizer = MicroBatchSizer(100_000, "cpu", (rss_in_use() + 1 * MB) / GB)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     with pytest.raises(MemoryBudgetError, match="does not fit") as caught:
         policy.step(samples, adv, index)
@@ -155,7 +163,7 @@ def test_a_budget_no_sample_fits_stops_with_the_settings_to_change_and_changes_n
     assert all(p.grad is None for p in policy.model.parameters())  # no half-accumulated gradient
     assert not policy.optimizer.state  # AdamW never stepped
 
-    over = _policy(tiny, memory_budget_gb=process_rss() / 2 / GB)  # the process alone is over it
+    over = _policy(tiny, memory_budget_gb=rss_in_use() / 2 / GB)  # the process alone is over it
     with pytest.raises(MemoryBudgetError, match="before any micro-batch") as early:
         over.step(samples, adv, index)
     assert "lora_rank" in str(early.value)
@@ -171,7 +179,7 @@ def test_auto_micro_batches_start_from_a_probe_and_follow_the_budget(tiny: Path,
     assert metrics["micro_batch_tokens"] == MAX_AUTO_TOKENS["cpu"]
 
     room = 12 * 300 * roomy.sizer.bytes_per_token  # a budget with room for about a third of that batch
-    tight = _policy(tiny, memory_budget_gb=(process_rss() + room / 2.5) / GB)
+    tight = _policy(tiny, memory_budget_gb=(rss_in_use() + room / 2.5) / GB)
     got = tight.step(samples, adv, index)
     assert got["micro_batch_tokens"] < MAX_AUTO_TOKENS["cpu"]
     assert len(tight.micro_batches(samples)) > len(roomy.micro_batches(samples))

@@ -28,6 +28,7 @@ from agl.algorithm.memory import (
     MicroBatchSizer,
     MicroBatchTokens,
     checkpointing_for,
+    hold_freed_memory,
     limit_arenas,
     plain_tokens_for,
     release_free_memory,
@@ -178,6 +179,8 @@ class Policy:
             config.model_path, local_files_only=True, dtype=torch.float32
         )
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            hold_freed_memory()  # each step reuses the last one's pages instead of faulting in new ones
         self.precision = resolve_precision(config.precision, self.device)
         self.data_parallel = False  # set by agl.algorithm.policy.distributed on every rank of a group
         model.to(self.device)  # type: ignore[arg-type]
@@ -269,9 +272,17 @@ class Policy:
         go again with smaller micro-batches."""
         lengths = [len(s.input_ids) for s in samples]
         cuda = self.device.type == "cuda"
+        # on CPU freed memory is held for the next step (hold_freed_memory): trim only where the sizer
+        # needs the true footprint, i.e. before its first reading and after a back-off
+        trim = cuda or not self.sizer.bytes_per_token
         while True:
-            release_free_memory()
-            self.sizer.check_base(torch.cuda.memory_allocated(self.device) if cuda else self.monitor.sample())
+            if trim:
+                release_free_memory()
+            base = torch.cuda.memory_allocated(self.device) if cuda else self.monitor.sample()
+            if not trim and base > self.sizer.budget():  # perhaps only memory held free: look again
+                release_free_memory()
+                base = self.monitor.sample()
+            self.sizer.check_base(base)
             order = self.prefixes.order(mine, lengths)
             restart()
             self._update_peak = over = 0  # report the peak of the pass that counts
@@ -306,6 +317,7 @@ class Policy:
                 return
             self.optimizer.zero_grad(set_to_none=True)
             self.sizer.back_off(over, alone=len(group) == 1)  # raises when one sample alone did not fit
+            trim = True
             log.warning(
                 "a micro-batch of %d tokens went over the memory budget (%.1f GB): retrying the step with "
                 "micro-batches of %d tokens",
@@ -424,7 +436,6 @@ class Policy:
             metrics = self.accumulate(samples, advantages, rollout_index)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
         self.optimizer.step()
-        release_free_memory()
         elapsed = time.perf_counter() - started
         return {
             **metrics,
@@ -462,7 +473,6 @@ class Policy:
             [p for p in self.model.parameters() if p.requires_grad], self.config.max_grad_norm
         )
         self.optimizer.step()
-        release_free_memory()
         return {
             "sft_loss": total[0],
             "grad_norm": float(grad_norm),
