@@ -62,7 +62,7 @@ def _inverse_cdf(probs: torch.Tensor, generators: list[torch.Generator]) -> list
     uniform draw from that row's generator. One batched cumsum instead of a ``torch.multinomial`` per row,
     which took ~3 ms a row over a 49k vocabulary here (a third of a SmolLM2 decode step at 8 rows).
     A token of zero probability is never drawn (``right``: the first cumulative mass strictly above it)."""
-    cdf = probs.double().cumsum(dim=-1)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     uniform = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
     target = (uniform.to(cdf.device) * cdf[:, -1]).unsqueeze(1)
     ids = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
@@ -88,13 +88,19 @@ def sample_step(
     """Draw one token per row of ``logits`` [B, V] (any device); logprobs follow the module convention."""
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)
-    chosen: list[int] = []
-    greedy = logits.argmax(dim=-1).tolist()
     sampled_rows = [i for i, t in enumerate(temperatures) if t > 0]
+    greedy_rows = [i for i, t in enumerate(temperatures) if t <= 0]
+    # each of these is a pass over a (rows x vocabulary) tensor: skipped where it changes nothing
+    greedy: dict[int, int] = {}
+    if greedy_rows:
+        rows = logits if not sampled_rows else logits[torch.tensor(greedy_rows, device=logits.device)]
+        greedy = dict(zip(greedy_rows, rows.argmax(dim=-1).tolist(), strict=True))
     if sampled_rows:
-        rows = torch.tensor(sampled_rows, device=logits.device)
-        temps = torch.tensor([temperatures[i] for i in sampled_rows], device=logits.device).unsqueeze(1)
-        probs = torch.softmax(logits[rows] / temps, dim=-1)
+        scaled = logits if not greedy_rows else logits[torch.tensor(sampled_rows, device=logits.device)]
+        if any(temperatures[i] != 1.0 for i in sampled_rows):
+            temps = torch.tensor([temperatures[i] for i in sampled_rows], device=logits.device).unsqueeze(1)
+            scaled = scaled / temps
+        probs = torch.softmax(scaled, dim=-1)
         top_p = torch.tensor([top_ps[i] for i in sampled_rows], device=logits.device).unsqueeze(1)
         if bool((top_p < 1.0).any()):
             sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -107,7 +113,7 @@ def sample_step(
         )
     else:
         drawn = {}
-    chosen = [drawn.get(i, greedy[i]) for i in range(len(temperatures))]
+    chosen = [drawn[i] if i in drawn else greedy[i] for i in range(len(temperatures))]
     index = torch.tensor(chosen, device=logits.device).unsqueeze(1)
     logprobs = raw_logprobs.gather(1, index).squeeze(1).tolist()
     top: list[list[tuple[int, float]]] = [[] for _ in chosen]
