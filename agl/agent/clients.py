@@ -64,7 +64,7 @@ def shared_http_client() -> openai.DefaultAsyncHttpxClient:
 
 
 def openai_client(llm: LLM, **options: Any) -> openai.AsyncOpenAI:
-    """An ``openai.AsyncOpenAI`` for ``llm`` (its endpoint, model key and the gateway's token) over the event
+    """An ``openai.AsyncOpenAI`` for ``llm`` (its endpoint, and the gateway's token as the key) over the event
     loop's shared connections: a fraction of a millisecond to make, where a fresh client costs ~30 ms of CPU.
 
     ``options`` go to ``AsyncOpenAI`` (``max_retries``, ``timeout``, ...). Closing the client (or leaving an
