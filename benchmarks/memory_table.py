@@ -6,11 +6,16 @@ of the model, as ``Trainer.fit`` holds one in the same process), then take ``--s
 rollouts do), on rotating worker threads as ``GRPO`` runs them (``asyncio.to_thread``). Reported per
 cell: the process's peak RSS over the run, its RSS after the first and the last step (growth between
 steps), and trained tokens/s of the steps after the first. Time figures are noisy on a shared machine.
+``--in-use`` also reads the RSS after a trim each step (the memory in use; the policy otherwise holds freed
+memory for reuse, so its RSS stays at the high-water mark), and ``--onednn-caches torch`` runs with torch's
+own 1,024-entry bf16 kernel caches instead of the bound agl sets (``agl.algorithm.precision``).
 
     python benchmarks/memory_table.py --model tiny
     python benchmarks/memory_table.py --model smollm2 --lengths 1000 --micro-batches 1024,2048,4096
     python benchmarks/memory_table.py --model smollm2 --cell old --steps 4     # the defaults before (4,096, no checkpointing)
     python benchmarks/memory_table.py --model smollm2 --cell auto --steps 4    # the memory-safe defaults
+    python benchmarks/memory_table.py --model smollm2 --cell auto --lengths 300 --steps 16 --in-use \
+        --onednn-caches torch                                                   # bf16 kernel caches unbound
 """
 
 from __future__ import annotations
@@ -34,6 +39,11 @@ GB = 1024**3
 
 def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, trim: bool) -> dict[str, Any]:
     """One cell, in this process."""
+    if args.onednn_caches == "torch":  # before torch's first bf16 matmul, which reads them
+        from agl.algorithm.precision import ONEDNN_CACHE_ENTRIES
+
+        for name in ONEDNN_CACHE_ENTRIES:
+            os.environ[name] = "1024"
     from agl.adapter import Sample
     from agl.algorithm import memory
     from agl.algorithm.grpo import LossConfig
@@ -72,7 +82,7 @@ def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, tr
     monitor = memory.shared_monitor()
     monitor.take()
     loaded = memory.process_rss()
-    rss_after, seconds, tokens, limits = [], [], [], []
+    rss_after, in_use, seconds, tokens, limits = [], [], [], [], []
     for step in range(args.steps):
         samples = []
         for _ in range(args.samples):
@@ -96,6 +106,9 @@ def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, tr
         tokens.append(sum(len(s.input_ids) for s in samples))
         limits.append(metrics["micro_batch_tokens"])
         rss_after.append(memory.process_rss())
+        if args.in_use:
+            memory.release_free_memory()
+            in_use.append(memory.process_rss())
     peak = monitor.take()["peak_rss_gb"]
     later = slice(1, None) if args.steps > 1 else slice(None)
     del engine
@@ -110,6 +123,9 @@ def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, tr
         "loaded_gb": round(loaded / GB, 2),
         "peak_rss_gb": round(peak, 2),
         "rss_after_steps_gb": [round(r / GB, 2) for r in rss_after],
+        **({"in_use_after_steps_gb": [round(r / GB, 3) for r in in_use]} if args.in_use else {}),
+        "precision": policy.precision,
+        "onednn_caches": args.onednn_caches,
         "tokens_per_s": round(sum(tokens[later]) / sum(seconds[later]), 1),
         "step_s": [round(s, 1) for s in seconds],
     }
@@ -131,6 +147,13 @@ def main() -> None:
         choices=["old", "auto"],
         default=None,
         help="one cell: old (4096, no checkpointing, no trim) or auto",
+    )
+    parser.add_argument("--in-use", action="store_true", help="also read the RSS after a trim each step")
+    parser.add_argument(
+        "--onednn-caches",
+        choices=["agl", "torch"],
+        default="agl",
+        help="bf16 kernel caches: agl's bound (256 / 32 entries) or torch's 1,024",
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: "mb:ckpt:trim:length"

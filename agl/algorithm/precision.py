@@ -76,10 +76,10 @@ def bound_onednn_caches() -> None:
     """Keep fewer compiled bf16 matmul kernels: oneDNN and ideep (torch's bf16 matmuls on CPU) each cache
     one per matmul shape, up to 1,024, and a policy's micro-batch shapes change every step.
 
-    With the defaults the memory in use climbed ~17 MB a step on SmolLM2 (~13 MB on the tiny model, levelling
-    off ~700 MB up), more with steps on several threads; with these it levels off within ~15 steps, no
-    slower. Both are read from the environment at oneDNN's first use, so this runs before any bf16 matmul,
-    and a value the user set stays.
+    With the defaults a SmolLM2 policy's memory in use climbed ~35 MB a step (steps on four threads in turn,
+    as GRPO runs them), the tiny model's ~13 MB up to ~700 MB; with these it grows a few MB a step after the
+    tenth, no slower. Both are read from the environment at oneDNN's first use, so this runs before any
+    bf16 matmul, and a value the user set stays.
     """
     for name, entries in ONEDNN_CACHE_ENTRIES.items():
         os.environ.setdefault(name, str(entries))
