@@ -77,8 +77,8 @@ def bound_onednn_caches() -> None:
     one per matmul shape, up to 1,024, and a policy's micro-batch shapes change every step.
 
     With the defaults a SmolLM2 policy's memory in use climbed ~35 MB a step (steps on four threads in turn,
-    as GRPO runs them), the tiny model's ~13 MB up to ~700 MB; with these it grows a few MB a step after the
-    tenth, no slower. Both are read from the environment at oneDNN's first use, so this runs before any
+    as GRPO runs them), the tiny model's ~13 MB up to ~700 MB; with these ~7 MB a step after the ninth, no
+    slower. Both are read from the environment at oneDNN's first use, so this runs before any
     bf16 matmul, and a value the user set stays.
     """
     for name, entries in ONEDNN_CACHE_ENTRIES.items():
