@@ -47,20 +47,17 @@ def check_precision(precision: str, field: str = "precision") -> None:
 def resolve_precision(precision: str, device: str | torch.device) -> Literal["fp32", "bf16"]:
     """``"auto"`` -> ``AGL_PRECISION`` if set, else ``"bf16"`` on a CPU with native bf16, else ``"fp32"``."""
     check_precision(precision)
+    cpu = torch.device(device).type == "cpu"
     if precision == "auto":
         chosen = os.environ.get("AGL_PRECISION", "").strip().lower()
-        if chosen:
-            if chosen not in ("fp32", "bf16"):
-                raise ConfigError(f"AGL_PRECISION must be 'fp32' or 'bf16', got {chosen!r}")
-            resolved: Literal["fp32", "bf16"] = "bf16" if chosen == "bf16" else "fp32"
-        else:
-            if torch.device(device).type == "cpu" and cpu_has_native_bf16():
-                bound_onednn_caches()
-                return "bf16"
-            return "fp32"
+        if chosen not in ("", "fp32", "bf16"):
+            raise ConfigError(f"AGL_PRECISION must be 'fp32' or 'bf16', got {chosen!r}")
+        if not chosen:
+            chosen = "bf16" if cpu and cpu_has_native_bf16() else "fp32"
     else:
-        resolved = "bf16" if precision == "bf16" else "fp32"
-    if resolved == "bf16" and torch.device(device).type == "cpu":
+        chosen = precision
+    resolved: Literal["fp32", "bf16"] = "bf16" if chosen == "bf16" else "fp32"
+    if resolved == "bf16" and cpu:
         bound_onednn_caches()
         if not cpu_has_native_bf16():
             _warn_emulated_bf16()
@@ -78,8 +75,8 @@ def bound_onednn_caches() -> None:
 
     With the defaults a SmolLM2 policy's memory in use climbed ~35 MB a step (steps on four threads in turn,
     as GRPO runs them), the tiny model's ~13 MB up to ~700 MB; with these ~7 MB a step after the ninth, no
-    slower. Both are read from the environment at oneDNN's first use, so this runs before any
-    bf16 matmul, and a value the user set stays.
+    slower. Both are read from the environment at oneDNN's first use, so this runs before any bf16 matmul,
+    and a value the user set stays.
     """
     for name, entries in ONEDNN_CACHE_ENTRIES.items():
         os.environ.setdefault(name, str(entries))
