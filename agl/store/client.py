@@ -11,7 +11,6 @@ add_resources get client-chosen ids, span batches are deduplicated by span id, a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import threading
@@ -35,13 +34,11 @@ from agl.schemas import (
     RolloutCreate,
     RolloutStatus,
     Span,
-    SpanEvent,
-    SpanLink,
-    SpanStatus,
     Worker,
     WorkerStatus,
     new_id,
 )
+from agl.schemas.span import spans_json
 from agl.store import _logic
 from agl.store._wire import API_PREFIX, MAX_WAIT_S, StoredSpan
 from agl.store.base import (
@@ -431,20 +428,8 @@ class LightningStoreClient(LightningStore):
 
 
 def _spans_body(spans: list[Span]) -> bytes:
-    """The ``POST /spans`` body. orjson over the models' fields writes the JSON pydantic's serializer writes
-    (validated spans hold only JSON values) in a third of the time; a subclass of Span goes through pydantic,
-    which writes only Span's fields."""
-    if all(span.__class__ is Span for span in spans):
-        with contextlib.suppress(orjson.JSONEncodeError):  # a subclassed status, event or link
-            return orjson.dumps({"spans": [span.__dict__ for span in spans]}, default=_fields)
-    return _SPANS_BODY.dump_json({"spans": spans})
-
-
-def _fields(value: Any) -> Any:
-    """orjson's fallback: a nested model (status, events, links) as its fields."""
-    if isinstance(value, BaseModel) and value.__class__ in _NESTED:
-        return value.__dict__
-    raise TypeError(f"{type(value).__name__} is not JSON")
+    """The ``POST /spans`` body, with each span as ``spans_json`` writes it."""
+    return b'{"spans":[' + b",".join(spans_json(spans)) + b"]}"
 
 
 class _Raw:
@@ -454,8 +439,6 @@ class _Raw:
         self.data = data
 
 
-_SPANS_BODY = TypeAdapter(dict[str, list[Span]])
-_NESTED = frozenset({SpanStatus, SpanEvent, SpanLink})
 _STORED = TypeAdapter(list[StoredSpan])
 _ROLLOUT = TypeAdapter(Rollout)
 _ROLLOUTS = TypeAdapter(list[Rollout])

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from agl import semconv as sc
 from agl.schemas import Attempt, Rollout, Span
+from agl.schemas.span import spans_json
 from agl.store.client import _spans_body
 from agl.tracer import tracer_provider
 from agl.tracer.context import RolloutContext, rollout_context
@@ -145,3 +146,18 @@ def test_client_span_body_matches_pydantic(ctx: RolloutContext) -> None:
     assert orjson.loads(_spans_body(mine)) == orjson.loads(
         TypeAdapter(dict[str, list[Span]]).dump_json({"spans": mine})
     )
+
+
+def test_stored_span_json_matches_pydantic_and_keeps_to_span_fields(ctx: RolloutContext) -> None:
+    """The SQL stores write each span as ``spans_json`` does: what ``model_dump_json`` writes."""
+    spans = [_convert(ctx, CASES[case]) for case in sorted(CASES)]
+    spans.append(_convert(ctx, {"a": 1}, event="e", status=Status(StatusCode.OK)))
+    assert [orjson.loads(data) for data in spans_json(spans)] == [
+        orjson.loads(span.model_dump_json()) for span in spans
+    ]
+
+    class Annotated(Span):
+        note: str = "mine"
+
+    (data,) = spans_json([Annotated(**spans[0].model_dump())])
+    assert Span.model_validate_json(data) == spans[0]  # read back as a Span: no extra field written
