@@ -1,9 +1,12 @@
 """The store at cluster load: ~1,000 concurrent simulated runners against ``agl store serve``.
 
 Each simulated runner is one asyncio task (spread over ``--processes`` processes) that loops:
-dequeue; per round a heartbeat, a think time (``--think-s``) and a batch of spans (an agent span
-with two children carrying ~6 KB of nested attributes); then completion. Idle runners poll dequeue
-every ``--poll-s``. Against one server on SQLite or PostgreSQL, or ``--servers 2`` sharing one
+dequeue; 1 to 6 rounds of a think time (``--think-s``) and three spans (an agent span with two
+children carrying ~6 KB of nested attributes); a reward span; then completion. Idle runners poll
+dequeue every ``--poll-s``. By default it talks to the store as ``agl.Runner`` does: an attempt's
+spans go in one batch when it ends (the runner's buffer flushes at 64 spans or at the end) and a
+heartbeat goes out every ``--heartbeat-s`` (5 s). ``--flush round --heartbeat-s 0`` is the chattier
+pattern of the figures before stop 27: a heartbeat and a span batch every round, the reward apart. Against one server on SQLite or PostgreSQL, or ``--servers 2`` sharing one
 PostgreSQL (runners split between them). Reports sustained spans/s and rollouts/s over the steady
 window (counted by the store, and as acknowledged to the runners), p50/p99 per operation for the calls
 started in that window, and where the CPU went in it, as one JSON line: seconds of the servers (their
@@ -207,20 +210,24 @@ async def sim_runner(
             continue
         rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
         trace = secrets.token_hex(16)
+        beat, buffered = time.monotonic(), []
         for round_no in range(rng.randint(1, 6)):
-            await t.timed("heartbeat", store.heartbeat(rid, aid))
+            if time.monotonic() - beat >= args.heartbeat_s:
+                await t.timed("heartbeat", store.heartbeat(rid, aid))
+                beat = time.monotonic()
             await asyncio.sleep(args.think_s * (0.5 + rng.random()))
             agent = spans_of.make("agent.step", round_no, rid, aid, trace)
-            batch = [agent] + [
+            buffered += [agent] + [
                 spans_of.make(child, rng.randrange(len(spans_of.pool)), rid, aid, trace, agent.span_id)
                 for child in ("llm.call", "tool.call")
             ]
-            await t.timed("add_spans", store.add_spans(batch))
-            spans += len(batch)
-        reward = spans_of.make("agl.reward", 0, rid, aid, secrets.token_hex(16))
-        await t.timed("add_spans", store.add_spans([reward]))
+            if args.flush == "round":
+                await t.timed("add_spans", store.add_spans(buffered))
+                spans, buffered = spans + len(buffered), []
+        buffered.append(spans_of.make("agl.reward", 0, rid, aid, secrets.token_hex(16)))
+        await t.timed("add_spans", store.add_spans(buffered))
         await t.timed("complete", store.update_attempt(rid, aid, status=AttemptStatus.SUCCEEDED))
-        rollouts, spans = rollouts + 1, spans + 1
+        rollouts, spans = rollouts + 1, spans + len(buffered)
     return rollouts, spans
 
 
@@ -370,6 +377,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "runners": args.runners,
         "processes": args.processes,
         "think_s": args.think_s,
+        "flush": args.flush,
+        "heartbeat_s": args.heartbeat_s,
         "span_build": args.span_build,
         "window_s": round(window, 1),
         "spans_per_s": round((s2.spans - s1.spans) / window, 1),
@@ -403,6 +412,18 @@ def main() -> None:
         "--rollouts", type=int, default=20_000, help="queued up front; more than the run finishes"
     )
     parser.add_argument("--think-s", type=float, default=1.0, help="mean agent time per round")
+    parser.add_argument(
+        "--flush",
+        choices=["attempt", "round"],
+        default="attempt",
+        help="send an attempt's spans when it ends (as agl.Runner does) or every round",
+    )
+    parser.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=5.0,
+        help="seconds between an attempt's heartbeats (agl.Runner's default); 0: one every round",
+    )
     parser.add_argument("--poll-s", type=float, default=1.0, help="an idle runner's dequeue interval")
     parser.add_argument(
         "--startup-s", type=float, default=15.0, help="time allowed for runner processes to start"
