@@ -106,8 +106,12 @@ class Tables(ABC):
     def save_attempt(self, attempt: Attempt) -> None: ...
 
     @abstractmethod
-    def live_attempts(self, rollout_id: str | None = None) -> list[tuple[Attempt, Rollout]]:
-        """Non-terminal attempts (of one rollout, or all) with their rollouts."""
+    def live_attempts(
+        self, rollout_id: str | None = None, *, overdue_at: float | None = None
+    ) -> list[tuple[Attempt, Rollout]]:
+        """Non-terminal attempts (of one rollout, or all) with their rollouts. With ``overdue_at``, at
+        least those ``watchdog_verdict`` marks at that time (the watchdog's pass, every second, need
+        not read every live attempt in full)."""
 
     @abstractmethod
     def worker(self, worker_id: str) -> Worker | None: ...
@@ -562,7 +566,7 @@ class TableStore(LightningStore):
         def op(t: Tables, finished: list[str]) -> list[Attempt]:
             now = self.clock()
             marked = []
-            for attempt, rollout in t.live_attempts():
+            for attempt, rollout in t.live_attempts(overdue_at=now):
                 verdict = watchdog_verdict(attempt, rollout.retry, now)
                 if verdict is not None:
                     self._move_attempt(

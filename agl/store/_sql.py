@@ -382,7 +382,9 @@ class SqlTables(Tables):
         )
         self._note_attempt(attempt, data)
 
-    def live_attempts(self, rollout_id: str | None = None) -> list[tuple[Attempt, Rollout]]:
+    def live_attempts(
+        self, rollout_id: str | None = None, *, overdue_at: float | None = None
+    ) -> list[tuple[Attempt, Rollout]]:
         if rollout_id is not None and self._live.get(rollout_id) == set():
             return []  # known from the prefetch and the writes since: none (the usual case)
         sql = "SELECT a.data, r.data FROM attempts a JOIN rollouts r ON a.rollout_id=r.rollout_id WHERE a.live=1"
@@ -390,6 +392,8 @@ class SqlTables(Tables):
         if rollout_id is not None:
             sql, args = sql + f" AND a.rollout_id={self.p}", (rollout_id,)
         rows = self.conn.execute(sql, args).fetchall()
+        if overdue_at is not None:
+            rows = [(a, r) for a, r in rows if _may_be_overdue(a, r, overdue_at)]
         return [(Attempt.model_validate_json(a), Rollout.model_validate_json(r)) for a, r in rows]
 
     def worker(self, worker_id: str) -> Worker | None:
@@ -758,3 +762,17 @@ class SqlLightningStore(TableStore):
             )
 
         return await self._db.call(op, write=False)
+
+
+def _may_be_overdue(attempt_json: str, rollout_json: str, now: float) -> bool:
+    """False only when the stored attempt has certainly not overrun its rollout's limits at ``now``: the
+    fields ``watchdog_verdict`` reads, parsed with orjson instead of both models (a fifth of the time)."""
+    try:
+        attempt, retry = orjson.loads(attempt_json), orjson.loads(rollout_json)["retry"]
+        started = float(attempt["started_at"])
+        limit, silence = retry.get("timeout_s"), retry.get("heartbeat_timeout_s")
+        if limit is not None and now - started > limit:
+            return True
+        return silence is not None and now - float(attempt.get("last_heartbeat_at") or started) > silence
+    except Exception:  # not the shape expected: let the models read it
+        return True

@@ -45,6 +45,7 @@ from agl.store.base import (
     search_text,
     span_digest,
 )
+from agl.store.states import watchdog_verdict
 
 
 def _paginate(
@@ -144,13 +145,17 @@ class MemoryTables(Tables):
         else:
             self.live.add(attempt.attempt_id)
 
-    def live_attempts(self, rollout_id: str | None = None) -> list[tuple[Attempt, Rollout]]:
+    def live_attempts(
+        self, rollout_id: str | None = None, *, overdue_at: float | None = None
+    ) -> list[tuple[Attempt, Rollout]]:
         ids = (
             self.live
             if rollout_id is None
             else self.live.intersection(self.rollout_attempts.get(rollout_id, []))
         )
         pairs = [(self.attempts[a], self.rollouts[self.attempts[a].rollout_id]) for a in ids]
+        if overdue_at is not None:
+            pairs = [(a, r) for a, r in pairs if watchdog_verdict(a, r.retry, overdue_at) is not None]
         return [(a.model_copy(), r.model_copy()) for a, r in pairs]
 
     def worker(self, worker_id: str) -> Worker | None:

@@ -117,3 +117,33 @@ def test_open_store_urls(tmp_path: Path) -> None:
     asyncio.run(sqlite.aclose())
     with pytest.raises(ConfigError, match="unknown store URL"):
         open_store("mongodb://x")
+
+
+def test_watchdog_prefilter_passes_every_attempt_the_verdict_marks() -> None:
+    """The SQL stores skip reading an attempt in full when ``_may_be_overdue`` says it cannot be marked:
+    it must say so for none that ``watchdog_verdict`` marks, and skip the ones plainly within limits."""
+    import itertools
+
+    from agl.schemas import Attempt, RetryConfig, Rollout
+    from agl.store._sql import _may_be_overdue
+    from agl.store.states import watchdog_verdict
+
+    skipped = 0
+    for timeout_s, silence_s, last_beat, now in itertools.product(
+        (None, 5.0), (None, 2.0), (None, 101.0, 104.5), (100.5, 103.0, 106.0)
+    ):
+        retry = RetryConfig(timeout_s=timeout_s, heartbeat_timeout_s=silence_s)
+        rollout = Rollout(rollout_id="ro-1", created_at=99.0, updated_at=99.0, retry=retry)
+        attempt = Attempt(
+            rollout_id="ro-1",
+            attempt_id="at-1",
+            attempt_number=1,
+            started_at=100.0,
+            last_heartbeat_at=last_beat,
+        )
+        may = _may_be_overdue(attempt.model_dump_json(), rollout.model_dump_json(), now)
+        if watchdog_verdict(attempt, retry, now) is not None:
+            assert may, (timeout_s, silence_s, last_beat, now)
+        skipped += not may
+    assert skipped > 0
+    assert _may_be_overdue("{}", "not json", 0.0)  # a shape it cannot read goes to the models
