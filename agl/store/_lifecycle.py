@@ -39,13 +39,14 @@ ReadList = list[tuple[str, str, Sequence[str]]]
 
 
 class Reads(Generic[R]):
-    """A unit of work that names up front what it will ``prefetch``, so that a backend running many
-    calls at once (PostgreSQL) can read the rows of all of them in one go. Called, it is the work."""
+    """A unit of work that names up front what it will ``prefetch`` (and how many queue heads it will
+    claim), so that a backend running many calls at once (PostgreSQL) can read the rows of all of them
+    in one go. Called, it is the work."""
 
-    __slots__ = ("fn", "reads")
+    __slots__ = ("claims", "fn", "reads")
 
-    def __init__(self, fn: Work[R], reads: ReadList) -> None:
-        self.fn, self.reads = fn, reads
+    def __init__(self, fn: Work[R], reads: ReadList, claims: int = 0) -> None:
+        self.fn, self.reads, self.claims = fn, reads, claims
 
     def __call__(self, t: Tables, finished: list[str]) -> R:
         return self.fn(t, finished)
@@ -296,7 +297,7 @@ class TableStore(LightningStore):
             self._set_rollout_status(t, rollout, RolloutStatus.PREPARING, finished)
             return self._create_attempt(t, rollout, worker_id)
 
-        return await self._tx(op)
+        return await self._tx(Reads(op, [], claims=1))
 
     async def start_rollout(self, request: RolloutCreate, worker_id: str | None = None) -> AttemptedRollout:
         self._ensure_watchdog()

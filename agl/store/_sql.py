@@ -173,6 +173,18 @@ class ReadAhead:
         # (rollout id, attempt id) -> (span ids looked up, those found)
         self.spans: dict[tuple[str, str], tuple[set[str], set[str]]] = {}
         self.dirty: set[str] = set()
+        self.heads: list[tuple[str, str]] = []  # the queue's first rollouts, claimed: (rollout id, data)
+
+    def next_head(self) -> str | None:
+        """The data of the next queue head read ahead, or None: none left, or one that a call of the
+        group wrote since (the queue is then asked again, as it stands)."""
+        if not self.heads:
+            return None
+        rollout_id, data = self.heads.pop(0)
+        if rollout_id in self.dirty:
+            self.heads.clear()
+            return None
+        return data
 
     def rows(self, rollout_id: str, attempt_id: str, span_ids: Sequence[str]) -> Prefetched | None:
         """What ``prefetch`` would read now, or None when this read does not cover it."""
@@ -323,9 +335,12 @@ class SqlTables(Tables):
         self._live.pop(rollout_id, None)
 
     def queue_head(self) -> Rollout | None:
-        sql = "SELECT data FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos LIMIT 1"
-        row = self._one(sql + self.d.claim_suffix)
-        return None if row is None else Rollout.model_validate_json(row[0])
+        data = None if self.ahead is None else self.ahead.next_head()
+        if data is None:
+            sql = "SELECT data FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos LIMIT 1"
+            row = self._one(sql + self.d.claim_suffix)
+            data = None if row is None else row[0]
+        return None if data is None else Rollout.model_validate_json(data)
 
     def attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
         key = (rollout_id, attempt_id)
@@ -662,11 +677,12 @@ class _SqlCall(Generic[R]):
     """A unit of work as the group-commit thread runs it: over :class:`SqlTables` of its connection,
     with the rows it will read (``Reads``) in sight of the thread."""
 
-    __slots__ = ("dialect", "fn", "reads")
+    __slots__ = ("claims", "dialect", "fn", "reads")
 
     def __init__(self, fn: Work[R], dialect: Dialect) -> None:
         self.fn, self.dialect = fn, dialect
         self.reads: ReadList = fn.reads if isinstance(fn, Reads) else []
+        self.claims = fn.claims if isinstance(fn, Reads) else 0
 
     def __call__(self, conn: Any, finished: list[str]) -> R:
         return self.fn(SqlTables(conn, self.dialect), finished)

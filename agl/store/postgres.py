@@ -222,9 +222,10 @@ class _PipelinedGroupCommit(GroupCommitThread):
             conn.execute(self._begin_write)
             writer = conn.cursor()  # nobody reads what a plain write answers
             reads = [getattr(op.fn, "reads", []) for op in batch]
+            claims = sum(getattr(op.fn, "claims", 0) for op in batch)
             ahead = None
-            if any(reads):  # one read for all calls, which also locks their rows (sorted) until COMMIT
-                ahead = read_ahead(conn, [read for r in reads for read in r])
+            if any(reads) or claims:  # one read for all calls, locking their rows until COMMIT
+                ahead = read_ahead(conn, [read for r in reads for read in r], claims)
             for op in batch:
                 if not op.write and group:  # a read sees the counters and digests written before it
                     group.flush(conn, POSTGRES)
@@ -250,9 +251,13 @@ class _PipelinedGroupCommit(GroupCommitThread):
         return outcomes
 
 
-def read_ahead(conn: Any, reads: Sequence[tuple[str, str, Sequence[str]]]) -> ReadAhead:
-    """Read (and lock) the rows of ``reads`` at once: PostgreSQL only (arrays, row locks)."""
+def read_ahead(conn: Any, reads: Sequence[tuple[str, str, Sequence[str]]], claims: int = 0) -> ReadAhead:
+    """Read (and lock) the rows of ``reads``, and the first ``claims`` queued rollouts no other
+    transaction holds, at once: PostgreSQL only (arrays, row locks)."""
     ahead = ReadAhead()
+    if not reads:
+        ahead.heads = _queue_heads(conn, claims)
+        return ahead
     ahead.asked = {rollout_id for rollout_id, _, _ in reads}
     ids = sorted(ahead.asked)  # rows are locked in this order: no deadlock between servers doing the same
     # the ids go as one JSON text each: psycopg writes a list parameter element by element in Python
@@ -279,6 +284,8 @@ def read_ahead(conn: Any, reads: Sequence[tuple[str, str, Sequence[str]]]) -> Re
             "ON s.rollout_id=k->>0 AND s.attempt_id=k->>1 AND s.span_id=k->>2",
             (orjson.dumps(triples).decode(),),
         )
+    # after the reads that wait for locks: a claim skips locked rows, so it waits for nobody
+    ahead.heads = _queue_heads(conn, claims)
     for rollout_id, data, next_seq in rollouts.fetchall():
         ahead.rollouts[rollout_id] = (data, int(next_seq))
     for rollout_id, attempt_id, live, data in attempts.fetchall():
@@ -287,6 +294,14 @@ def read_ahead(conn: Any, reads: Sequence[tuple[str, str, Sequence[str]]]) -> Re
     for rollout_id, attempt_id, span_id in spans.fetchall() if spans is not None else ():
         ahead.spans[(rollout_id, attempt_id)][1].add(span_id)
     return ahead
+
+
+def _queue_heads(conn: Any, claims: int) -> list[tuple[str, str]]:
+    """The first ``claims`` queued rollouts no other transaction holds, locked as a claim locks its one."""
+    if not claims:
+        return []
+    sql = "SELECT rollout_id, data FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos LIMIT %s"
+    return [(r, d) for r, d in conn.execute(sql + POSTGRES.claim_suffix, (claims,)).fetchall()]
 
 
 def _compress_spans_with_lz4(conn: Any) -> None:

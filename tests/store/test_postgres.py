@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from agl.errors import ConflictError, NotFoundError, StaleAttemptError, StoreError
-from agl.schemas import AttemptStatus, RolloutCreate, Span
+from agl.schemas import AttemptStatus, RolloutCreate, RolloutStatus, Span
 from agl.store import open_store
 from agl.store._sqlite_thread import GroupCommitThread
 from agl.store.postgres import PostgresLightningStore, _PipelinedGroupCommit
@@ -236,9 +236,10 @@ async def test_calls_of_one_group_read_their_rows_together(
     read_aheads: list[int] = []
     original = pg.read_ahead
 
-    def counting(conn: Any, reads: Any) -> Any:
-        read_aheads.append(len(reads))
-        return original(conn, reads)
+    def counting(conn: Any, reads: Any, claims: int = 0) -> Any:
+        if reads:  # the dequeues before read the queue head only
+            read_aheads.append(len(reads))
+        return original(conn, reads, claims)
 
     monkeypatch.setattr(pg, "read_ahead", counting)
     async with postgres_store(connections=1) as store:  # one connection: held, the rest queue
@@ -269,6 +270,38 @@ async def test_calls_of_one_group_read_their_rows_together(
         assert (6, False) in groups and read_aheads == [6]  # one pipelined group, one read for six calls
         assert (await store.statistics()).spans == 3
         assert (await store.get_worker("w2")).current_attempt_id is None
+
+
+async def test_claims_of_one_group_read_the_queue_head_once(
+    groups: list[tuple[int, bool]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's dequeues take the queue's first rollouts from one read, in queue order; a head that an
+    earlier call of the group wrote (here cancelled) is not handed out: the queue is asked again."""
+    import agl.store.postgres as pg
+
+    claims_read: list[int] = []
+    original = pg._queue_heads
+
+    def counting(conn: Any, claims: int) -> Any:
+        claims_read.append(claims)
+        return original(conn, claims)
+
+    monkeypatch.setattr(pg, "_queue_heads", counting)
+    async with postgres_store(connections=1) as store:
+        assert isinstance(store, PostgresLightningStore)
+        queued = await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(6)])
+        held = await _hold_the_database_thread(store, 0.3)
+        calls = [store.dequeue("w0"), store.dequeue("w1")]
+        calls.append(store.update_rollout(queued[2].rollout_id, status=RolloutStatus.CANCELLED))
+        calls += [store.dequeue("w2"), store.dequeue("w3")]
+        tasks = [asyncio.create_task(c) for c in calls]
+        await held
+        d0, d1, cancelled, d2, d3 = await asyncio.gather(*tasks)
+        assert cancelled.status == RolloutStatus.CANCELLED
+        claimed = [d.rollout.rollout_id for d in (d0, d1, d2, d3)]
+        assert claimed == [queued[i].rollout_id for i in (0, 1, 3, 4)]
+        assert (5, False) in groups and claims_read == [4]  # one read for the group's four claims
+        assert [d.attempt.worker_id for d in (d0, d1, d2, d3)] == ["w0", "w1", "w2", "w3"]
 
 
 async def test_a_second_connection_runs_calls_while_the_first_is_busy() -> None:
