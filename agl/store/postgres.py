@@ -9,8 +9,9 @@ the call inside its savepoint. Completions are announced with NOTIFY in the fini
 waiters on every server sharing the schema wake at once.
 
 Round trips: a group first runs in psycopg's pipeline mode, where only a read waits for the server,
-without savepoints, with the rows its calls name (``Reads``) read and locked for all of them at once
-(``ReadAhead``: a hot call then makes no read of its own), each call's writes sent as one statement,
+without savepoints, with the rows its calls name (``Reads``) read and locked for all of them at once,
+and as many queue heads as it has claims in one more read (``ReadAhead``: a hot call then makes no read
+of its own), each call's writes sent as one statement,
 and span counters and digests merged for the group (``Deferred``). Should any statement fail, or a
 call fail after writing, the group is rolled back and run again as SQLite runs it (a savepoint and a
 wait per statement), so outcomes never differ.

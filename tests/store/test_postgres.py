@@ -291,17 +291,19 @@ async def test_claims_of_one_group_read_the_queue_head_once(
         assert isinstance(store, PostgresLightningStore)
         queued = await store.enqueue_rollouts([RolloutCreate(input=i) for i in range(6)])
         held = await _hold_the_database_thread(store, 0.3)
-        calls = [store.dequeue("w0"), store.dequeue("w1")]
-        calls.append(store.update_rollout(queued[2].rollout_id, status=RolloutStatus.CANCELLED))
-        calls += [store.dequeue("w2"), store.dequeue("w3")]
-        tasks = [asyncio.create_task(c) for c in calls]
+        first = [asyncio.create_task(store.dequeue(w)) for w in ("w0", "w1")]
+        cancel = asyncio.create_task(
+            store.update_rollout(queued[2].rollout_id, status=RolloutStatus.CANCELLED)
+        )
+        then = [asyncio.create_task(store.dequeue(w)) for w in ("w2", "w3")]
         await held
-        d0, d1, cancelled, d2, d3 = await asyncio.gather(*tasks)
-        assert cancelled.status == RolloutStatus.CANCELLED
-        claimed = [d.rollout.rollout_id for d in (d0, d1, d2, d3)]
-        assert claimed == [queued[i].rollout_id for i in (0, 1, 3, 4)]
+        claims = await asyncio.gather(*first, *then)
+        assert (await cancel).status == RolloutStatus.CANCELLED
+        assert [c.rollout.rollout_id if c else None for c in claims] == [
+            queued[i].rollout_id for i in (0, 1, 3, 4)
+        ]
         assert (5, False) in groups and claims_read == [4]  # one read for the group's four claims
-        assert [d.attempt.worker_id for d in (d0, d1, d2, d3)] == ["w0", "w1", "w2", "w3"]
+        assert [c.attempt.worker_id if c else None for c in claims] == ["w0", "w1", "w2", "w3"]
 
 
 async def test_a_second_connection_runs_calls_while_the_first_is_busy() -> None:
