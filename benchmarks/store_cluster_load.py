@@ -6,8 +6,9 @@ children carrying ~6 KB of nested attributes); a reward span; then completion. I
 dequeue every ``--poll-s``. By default it talks to the store as ``agl.Runner`` does: an attempt's
 spans go in one batch when it ends (the runner's buffer flushes at 64 spans or at the end) and a
 heartbeat goes out every ``--heartbeat-s`` (5 s). ``--flush round --heartbeat-s 0`` is the chattier
-pattern of the figures before stop 27: a heartbeat and a span batch every round, the reward apart. Against one server on SQLite or PostgreSQL, or ``--servers 2`` sharing one
-PostgreSQL (runners split between them). Reports sustained spans/s and rollouts/s over the steady
+pattern of the figures before stop 27: a heartbeat and a span batch every round, the reward apart.
+Against one server on SQLite or PostgreSQL, or ``--servers 2`` sharing one PostgreSQL (runners split
+between them). Reports sustained spans/s and rollouts/s over the steady
 window (counted by the store, and as acknowledged to the runners), p50/p99 per operation for the calls
 started in that window, and where the CPU went in it, as one JSON line: seconds of the servers (their
 event loops and database threads, and how long those waited for a core), the runner processes,

@@ -52,6 +52,7 @@ from agl.store.base import (
     search_text,
     span_digest,
 )
+from agl.store.states import overrun
 
 _WITH_DIGEST = " LEFT JOIN digests d ON d.rollout_id=r.rollout_id AND d.attempt_id=r.attempt_id"
 # opens "the latest attempt's digest matches ...": for the reply text, one pass over the digests is
@@ -156,6 +157,10 @@ class Prefetched(NamedTuple):
     attempt: str | None  # the attempt's JSON, None when the rollout has no such attempt
     live: set[str]  # the rollout's live attempts
     stored: tuple[set[str], set[str]] | None  # span ids looked up, and those of them found
+
+
+#: the queued rollouts, head first: what a claim takes
+QUEUE_ORDER = "FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos"
 
 
 class ReadAhead:
@@ -337,8 +342,7 @@ class SqlTables(Tables):
     def queue_head(self) -> Rollout | None:
         data = None if self.ahead is None else self.ahead.next_head()
         if data is None:
-            sql = "SELECT data FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos LIMIT 1"
-            row = self._one(sql + self.d.claim_suffix)
+            row = self._one(f"SELECT data {QUEUE_ORDER} LIMIT 1{self.d.claim_suffix}")
             data = None if row is None else row[0]
         return None if data is None else Rollout.model_validate_json(data)
 
@@ -785,10 +789,13 @@ def _may_be_overdue(attempt_json: str, rollout_json: str, now: float) -> bool:
     fields ``watchdog_verdict`` reads, parsed with orjson instead of both models (a fifth of the time)."""
     try:
         attempt, retry = orjson.loads(attempt_json), orjson.loads(rollout_json)["retry"]
-        started = float(attempt["started_at"])
-        limit, silence = retry.get("timeout_s"), retry.get("heartbeat_timeout_s")
-        if limit is not None and now - started > limit:
-            return True
-        return silence is not None and now - float(attempt.get("last_heartbeat_at") or started) > silence
+        verdict = overrun(
+            attempt["started_at"],
+            attempt.get("last_heartbeat_at"),
+            retry.get("timeout_s"),
+            retry.get("heartbeat_timeout_s"),
+            now,
+        )
     except Exception:  # not the shape expected: let the models read it
         return True
+    return verdict is not None

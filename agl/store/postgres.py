@@ -29,7 +29,7 @@ import orjson
 
 from agl.errors import missing_extra
 from agl.schemas import now_s
-from agl.store._sql import Deferred, ReadAhead, SqlLightningStore
+from agl.store._sql import QUEUE_ORDER, Deferred, ReadAhead, SqlLightningStore
 from agl.store._sql_schema import POSTGRES, ddl, upgrade_tables
 from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread, _convert, _Op
 from agl.store.base import Clock
@@ -301,8 +301,8 @@ def _queue_heads(conn: Any, claims: int) -> list[tuple[str, str]]:
     """The first ``claims`` queued rollouts no other transaction holds, locked as a claim locks its one."""
     if not claims:
         return []
-    sql = "SELECT rollout_id, data FROM rollouts WHERE queue_pos IS NOT NULL ORDER BY queue_pos LIMIT %s"
-    return [(r, d) for r, d in conn.execute(sql + POSTGRES.claim_suffix, (claims,)).fetchall()]
+    sql = f"SELECT rollout_id, data {QUEUE_ORDER} LIMIT %s{POSTGRES.claim_suffix}"
+    return [(r, d) for r, d in conn.execute(sql, (claims,)).fetchall()]
 
 
 def _compress_spans_with_lz4(conn: Any) -> None:

@@ -74,10 +74,21 @@ def watchdog_verdict(attempt: Attempt, retry: RetryConfig, now: float) -> Attemp
     """``timeout`` or ``unresponsive`` if a live attempt has overrun its limits at ``now``, else None."""
     if attempt.status.is_terminal:
         return None
-    if retry.timeout_s is not None and now - attempt.started_at > retry.timeout_s:
+    return overrun(
+        attempt.started_at, attempt.last_heartbeat_at, retry.timeout_s, retry.heartbeat_timeout_s, now
+    )
+
+
+def overrun(
+    started_at: float,
+    last_heartbeat_at: float | None,
+    timeout_s: float | None,
+    heartbeat_timeout_s: float | None,
+    now: float,
+) -> AttemptStatus | None:
+    """The watchdog's verdict from the fields it reads (the SQL stores read them without the models)."""
+    if timeout_s is not None and now - started_at > timeout_s:
         return A.TIMEOUT
-    if retry.heartbeat_timeout_s is not None:
-        last_sign_of_life = attempt.last_heartbeat_at or attempt.started_at
-        if now - last_sign_of_life > retry.heartbeat_timeout_s:
-            return A.UNRESPONSIVE
+    if heartbeat_timeout_s is not None and now - (last_heartbeat_at or started_at) > heartbeat_timeout_s:
+        return A.UNRESPONSIVE
     return None
