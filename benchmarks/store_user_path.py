@@ -8,8 +8,14 @@ be); then rewards (``agl.emit_reward``) and a final span. Reports rollouts/s and
 processes' CPU per OTel span, as one JSON line per run: in all, the agent's own share (the same work
 on a bare OTel SDK provider, measured in each runner before the run) and agl's share (the rest).
 
+``--agentlightning`` runs agentlightning 0.3.0 through the same agent work in each repeat, the sides
+alternating (``_agentlightning_side.py``: its own ``agl store`` server, client, runner and OTel tracer,
+one runner a process as it allows one active trace a process), and reports the ratio of the medians.
+``bash scripts/setup_agentlightning.sh`` installs it with the dependencies of its release date.
+
     python benchmarks/store_user_path.py --backend sqlite
     python benchmarks/store_user_path.py --backend memory --repeat 3
+    python benchmarks/store_user_path.py --backend sqlite --repeat 3 --agentlightning
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import random
 import resource
 import socket
 import statistics
@@ -31,29 +36,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+AGENTLIGHTNING_PYTHON = ROOT / ".venv-agentlightning" / "bin" / "python"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _user_path_agent import work  # noqa: E402
 
 from agl.schemas import RolloutCreate  # noqa: E402
-
-
-def nested_attributes(rng: random.Random, target_bytes: int = 6000) -> dict[str, Any]:
-    """A fresh nested dict of about ``target_bytes`` of JSON, flattened to OTel's dotted primitive keys.
-
-    About 26 branches of text, a number and a list of 1-9 ints: some 78 attributes. Made with
-    ``getrandbits``/``randbytes`` (C) rather than ``randrange`` (Python), a third of the cost for the
-    same shape: the benchmark measures the store path, not the random module.
-    """
-    out: dict[str, Any] = {}
-    size = 0
-    bits, randbytes = rng.getrandbits, rng.randbytes
-    while size < target_bytes:
-        key = f"payload.k{bits(20)}"
-        text = randbytes(25 + bits(7) % 75).hex()
-        out[f"{key}.text"] = text
-        out[f"{key}.n"] = rng.random()
-        out[f"{key}.list"] = [n * 4 for n in randbytes(1 + bits(4) % 9)]  # ints below 1,024
-        size += len(text) + len(key) * 3 + 60
-    return out
 
 
 def _cpu_s() -> float:
@@ -70,23 +59,6 @@ def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -
 
     tracer = tracer_provider().get_tracer("bench")
     counted = {"otel_spans": 0}
-
-    async def work(task: dict[str, Any], tracer: Any, reward: Any) -> int:
-        """The agent's own work; returns the OTel spans it made."""
-        rng = random.Random(task["i"])
-        spans = 0
-        for round_no in range(rng.randint(1, 6)):
-            with tracer.start_as_current_span("round") as span:
-                span.set_attribute("round", round_no)
-                for child in ("llm.call", "tool.call"):
-                    with tracer.start_as_current_span(child) as inner:
-                        inner.set_attributes(nested_attributes(rng))
-                spans += 3
-            await asyncio.sleep(0)
-        reward(rng.random())
-        with tracer.start_as_current_span("final") as span:
-            span.set_attribute("answer", "42")
-        return spans + 1
 
     @agl.rollout
     async def agent(task: dict[str, Any]) -> None:
@@ -181,6 +153,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     )
     return {
         "benchmark": "store_user_path",
+        "side": "agl",
         "backend": args.backend,
         "tasks": args.tasks,
         "runners": args.runners,
@@ -199,6 +172,16 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def agentlightning_run(args: argparse.Namespace) -> dict[str, Any]:
+    """One run of agentlightning 0.3.0's side (``_agentlightning_side.py``) in its own interpreter."""
+    command = [str(args.agentlightning_python), str(ROOT / "benchmarks" / "_agentlightning_side.py")]
+    command += ["--tasks", str(args.tasks), "--runners", str(args.runners)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"agentlightning's side failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,14 +194,37 @@ def main() -> None:
     parser.add_argument(
         "--reference", type=float, default=12.2, help="agentlightning 0.3.0's published rollouts/s"
     )
+    parser.add_argument(
+        "--agentlightning",
+        action="store_true",
+        help="also run agentlightning 0.3.0's side in each repeat, the two sides alternating "
+        "(needs `bash scripts/setup_agentlightning.sh`)",
+    )
+    parser.add_argument("--agentlightning-python", type=Path, default=AGENTLIGHTNING_PYTHON)
     args = parser.parse_args()
-    runs = []
-    for _ in range(args.repeat):
-        result = asyncio.run(one_run(args))
-        runs.append(result)
-        print(json.dumps(result), flush=True)
+    if args.agentlightning and not args.agentlightning_python.exists():
+        parser.error(
+            f"agentlightning's side needs {args.agentlightning_python}: run "
+            "`bash scripts/setup_agentlightning.sh` (makes .venv-agentlightning) or pass --agentlightning-python"
+        )
+    runs, theirs = [], []
+    for n in range(args.repeat):
+        sides = ["agl", "agentlightning"] if args.agentlightning else ["agl"]
+        for side in sides if n % 2 == 0 else reversed(sides):
+            if side == "agl":
+                result = asyncio.run(one_run(args))
+                runs.append(result)
+            else:
+                result = agentlightning_run(args)
+                theirs.append(result)
+            print(json.dumps(result), flush=True)
     median = statistics.median(r["rollouts_per_s"] for r in runs)
-    print(json.dumps({"median_rollouts_per_s": median, "vs_reference": round(median / args.reference, 2)}))
+    summary = {"median_rollouts_per_s": median, "vs_reference": round(median / args.reference, 2)}
+    if theirs:
+        their_median = statistics.median(r["rollouts_per_s"] for r in theirs)
+        summary["agentlightning_median_rollouts_per_s"] = their_median
+        summary["vs_agentlightning_same_run"] = round(median / their_median, 2)
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
