@@ -15,8 +15,6 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
-import resource
-import socket
 import subprocess
 import sys
 import time
@@ -26,12 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _user_path_agent import work  # noqa: E402
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+from _user_path_agent import cpu_s, free_port, work  # noqa: E402
 
 
 def _runner_process(url: str, index: int, out: Any, go: Any, stop: Any) -> None:
@@ -51,18 +44,12 @@ def _runner_process(url: str, index: int, out: Any, go: Any, stop: Any) -> None:
         with runner.run_context(agent=Agent(), store=client, worker_id=index):
             out.put({"ready": index})
             await asyncio.to_thread(go.wait)
-            cpu = _cpu_s()
+            cpu = cpu_s()
             await runner.iter(event=stop)
-            out.put({"cpu_s": _cpu_s() - cpu, **counted})
+            out.put({"cpu_s": cpu_s() - cpu, **counted})
         await client.close()
 
     asyncio.run(main())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def one_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -71,7 +58,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     from agentlightning.execution.events import MultiprocessingEvent
     from agentlightning.types import EnqueueRolloutRequest, PromptTemplate
 
-    port = _free_port()
+    port = free_port()
     agl_cli = Path(sys.executable).parent / "agl"
     server = subprocess.Popen(
         [str(agl_cli), "store", "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],

@@ -1,4 +1,5 @@
-"""The user-path scenario's agent work, shared by agl's side and agentlightning's (no framework imports).
+"""The user-path scenario's agent work and helpers, shared by agl's side and agentlightning's (no framework
+imports).
 
 Per rollout, 1 to 6 rounds; each round is an OpenTelemetry span with two child spans, each carrying a
 freshly generated nested attribute dict of about 6 KB (flattened to dotted keys, as OTel attributes must
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import resource
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -49,3 +52,15 @@ async def work(task: dict[str, Any], tracer: Any, reward: Callable[[float], Any]
     with tracer.start_as_current_span("final") as span:
         span.set_attribute("answer", "42")
     return spans + 1
+
+
+def cpu_s() -> float:
+    """This process's CPU seconds so far, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -25,8 +25,6 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,14 +38,9 @@ AGENTLIGHTNING_PYTHON = ROOT / ".venv-agentlightning" / "bin" / "python"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _user_path_agent import work  # noqa: E402
+from _user_path_agent import cpu_s, free_port, work  # noqa: E402
 
 from agl.schemas import RolloutCreate  # noqa: E402
-
-
-def _cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -> None:
@@ -69,10 +62,10 @@ def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -
     async def own_cost(samples: int = 64) -> tuple[float, int]:
         """CPU of the same work on a bare OTel SDK provider, outside agl: what the user's code costs alone."""
         bare = TracerProvider().get_tracer("bare")
-        cpu, spans = _cpu_s(), 0
+        cpu, spans = cpu_s(), 0
         for i in range(samples):
             spans += await work({"i": 10**6 + i}, bare, lambda _: None)
-        return _cpu_s() - cpu, spans
+        return cpu_s() - cpu, spans
 
     async def main() -> None:
         client = LightningStoreClient(url)
@@ -82,19 +75,13 @@ def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -
         own_s, own_spans = await own_cost()
         out.put({"ready": index})
         await asyncio.to_thread(go.wait)
-        cpu = _cpu_s()
+        cpu = cpu_s()
         outcomes = await runner.run(stop_when_idle=True)
-        report = {"rollouts": len(outcomes), "cpu_s": _cpu_s() - cpu, "own_s": own_s, "own_spans": own_spans}
+        report = {"rollouts": len(outcomes), "cpu_s": cpu_s() - cpu, "own_s": own_s, "own_spans": own_spans}
         out.put({**report, **counted})
         await client.aclose()
 
     asyncio.run(main())
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def one_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,7 +93,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     backend = {"memory": "memory://", "sqlite": f"sqlite:///{workdir}/user.db"}.get(
         args.backend, args.backend
     )
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "agl", "store", "serve", "--backend", backend, "--port", str(port)],
         cwd=ROOT,
