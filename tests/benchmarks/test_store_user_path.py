@@ -55,6 +55,7 @@ def test_both_sides_run_the_same_agent_work() -> None:
     ours, theirs, summary = (json.loads(line) for line in proc.stdout.splitlines())
     assert (ours["side"], theirs["side"]) == ("agl", "agentlightning 0.3.0")
     assert ours["otel_spans"] == theirs["otel_spans"]  # the same rounds for the same tasks
+    assert ours["stored_spans"] == theirs["stored_spans"]  # and neither lost a span
     assert summary["vs_agentlightning_same_run"] == round(
         ours["rollouts_per_s"] / theirs["rollouts_per_s"], 2
     )
