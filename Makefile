@@ -6,12 +6,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_STAMP := .venv-vllm/.agl-vllm-setup
 TRL_STAMP := .venv-trl/.agl-trl-setup
+AGENTLIGHTNING_STAMP := .venv-agentlightning/.agl-agentlightning-setup
 CHROMIUM ?= /usr/bin/chromium
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test lint typecheck pytest demo install test-deps vllm trl system-packages bench clean
+.PHONY: test lint typecheck pytest demo install test-deps vllm trl agentlightning system-packages bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -36,6 +37,13 @@ $(TRL_STAMP): scripts/setup_trl.sh
 
 trl: $(TRL_STAMP)
 
+# agentlightning 0.3.0 in its own venv (.venv-agentlightning), with its release-date dependencies from PyPI,
+# for benchmarks/store_user_path.py --agentlightning and its smoke test (~30 s once)
+$(AGENTLIGHTNING_STAMP): scripts/setup_agentlightning.sh
+	bash scripts/setup_agentlightning.sh
+
+agentlightning: $(AGENTLIGHTNING_STAMP)
+
 # Debian packages the suite uses: headless Chromium (dashboard browser tests) and bubblewrap (agl.sandbox);
 # installed when root, else the exact command is printed
 system-packages:
@@ -53,7 +61,7 @@ system-packages:
 	  fi; \
 	fi
 
-test-deps: install vllm trl system-packages
+test-deps: install vllm trl agentlightning system-packages
 
 lint: $(STAMP)
 	$(BIN)/ruff check agl tests benchmarks examples
