@@ -34,7 +34,8 @@ class StepBatch:
 
 @dataclass
 class _Unit:
-    """One agent's samples in one rollout; advantages are computed among units of one (group, agent)."""
+    """One agent's samples in one rollout; advantages are computed among units of one key: (task group,
+    agent), or ("", agent) under a batch baseline, where an agent's units in the whole batch compare."""
 
     rollout: int
     key: tuple[str, str | None]
@@ -58,17 +59,24 @@ def _agent_units(
             by_agent[None] = []  # a rollout without calls still counts in its group's statistics
     units = []
     per_call = call_rewards(spans)
+    scope = group if config.baseline == "group" else ""
     for agent, own in by_agent.items():
         made, rep = to_samples(own, reward, level=config.level, call_rewards=per_call, group_id=group)
         report.add(rep)
-        units.append(_Unit(n, (group, agent), made, reward))
+        units.append(_Unit(n, (scope, agent), made, reward))
     return units
+
+
+def _advantages(values: list[float], keys: list[str], config: GRPOConfig) -> list[float]:
+    """Group-relative, or leave-one-out over the batch (the keys then span it) under a batch baseline."""
+    loo = config.baseline == "batch"
+    return group_advantages(values, keys, scale_by_std=config.scale_by_std, leave_one_out=loo)
 
 
 def _final_credit(units: list[_Unit], config: GRPOConfig) -> tuple[list[float], set[tuple[str, str | None]]]:
     """One advantage per unit from the final rewards; the (group, agent) keys without signal."""
     keys = [repr(u.key) for u in units]
-    advs = group_advantages([u.reward for u in units], keys, scale_by_std=config.scale_by_std)
+    advs = _advantages([u.reward for u in units], keys, config)
     seen: dict[tuple[str, str | None], set[float]] = defaultdict(set)
     for u in units:
         seen[u.key].add(round(u.reward, 9))
@@ -93,7 +101,7 @@ def _per_call_credit(
                 keys.append(repr(u.key))
                 where.append((u_i, s_i, c_i))
                 seen[u.key].add(round(value, 9))
-    advs = group_advantages(returns, keys, scale_by_std=config.scale_by_std)
+    advs = _advantages(returns, keys, config)
     per_sample: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
     for (u_i, s_i, c_i), adv in zip(where, advs, strict=True):
         per_sample[(u_i, s_i)][c_i] = adv
@@ -154,7 +162,9 @@ def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], confi
         "reward_max": max(reward_values, default=0.0),
         "rollouts": float(len(rollouts)),
         "failed_rollouts": float(len(rollouts) - len(ok)),
-        "groups": float(len({u.key for u in units})),  # (task group, agent) pairs, as advantages see them
+        "groups": float(
+            len({u.key for u in units})
+        ),  # (task group, agent) pairs, or agents over a batch baseline
         "zero_variance_groups": float(len(flat)),
         "overlong_samples": float(too_long),
         "samples": float(len(samples)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agl.algorithm.grpo.advantages import BASELINES, Baseline, StdScale, std_scale
 from agl.algorithm.grpo.warm_start import WarmStart
 from agl.algorithm.memory import check_settings
 from agl.algorithm.policy.loss import LossConfig
@@ -34,7 +35,12 @@ class GRPOConfig:
     # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)
     share_prefixes: bool = True
     lora_rank: int = 0
-    scale_by_std: bool = True  # False: Dr. GRPO (no std division)
+    # divide advantages by the reward std of each group (True or "group": GRPO), of the step's whole batch
+    # ("batch": group mean, batch std), or not at all (False or "none": Dr. GRPO)
+    scale_by_std: bool | StdScale = True
+    # "batch": each rollout's reward minus the mean of the batch's other rewards (RLOO over the batch, per
+    # agent), so groups of one (group_size=1) train; "group": minus its group's mean (GRPO)
+    baseline: Baseline = "group"
     level: Literal["trajectory", "transition"] = "trajectory"
     max_sample_tokens: int = 2048
     agent: str | None = None  # train only this agent's calls (agl.agent_scope, agent endpoint, or span name)
@@ -67,8 +73,19 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         check_settings(self.micro_batch_tokens, self.memory_budget_gb)
         check_precision(self.precision, "GRPOConfig.precision")
-        if self.group_size < 2:
-            raise ConfigError(f"group_size must be >= 2 for group-relative advantages, got {self.group_size}")
+        scale = std_scale(self.scale_by_std)
+        if self.baseline not in BASELINES:
+            raise ConfigError(f"baseline must be 'group' or 'batch', got {self.baseline!r}")
+        if self.baseline == "batch" and scale == "group":
+            raise ConfigError(
+                "baseline='batch' compares each rollout with the whole batch, not its group: "
+                "set scale_by_std='batch' (the batch's reward std) or 'none' (RLOO's plain difference)"
+            )
+        if self.group_size < 1 or (self.group_size < 2 and self.baseline == "group"):
+            raise ConfigError(
+                f"group_size must be >= 2 for group-relative advantages, got {self.group_size} "
+                "(baseline='batch' trains groups of one)"
+            )
         if self.steps < 0 or self.tasks_per_step < 1:
             raise ConfigError(
                 f"steps >= 0 and tasks_per_step >= 1 needed, got {self.steps}, {self.tasks_per_step}"

@@ -1,7 +1,10 @@
 """The GRPO loss: clipped policy gradient against the engine's logprobs, with truncated IS and optional KL.
 
-Pure tensor math: (logprobs, old logprobs, advantages, mask, config) in, (loss, metrics) out.
-Shapes: B samples, T tokens. ``mask`` is 1 on model tokens that carry loss.
+Three objectives share it: ``grpo`` (PPO's clip on each token's ratio), ``gspo`` (the clip on one ratio
+per sequence, the geometric mean of its tokens' ratios) and ``cispo`` (every token's log-prob gradient,
+weighted by its clipped ratio held constant). Pure tensor math: (logprobs, old logprobs, advantages,
+mask, config) in, (loss, metrics) out. Shapes: B samples, T tokens. ``mask`` is 1 on model tokens that
+carry loss.
 """
 
 from __future__ import annotations
@@ -15,17 +18,23 @@ import torch
 from agl.errors import ConfigError
 
 Aggregation = Literal["token_mean", "sequence_mean", "rollout_mean"]
+Objective = Literal["grpo", "gspo", "cispo"]
+OBJECTIVES = ("grpo", "gspo", "cispo")
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Clip range of the importance ratio, the truncated-IS cap, the KL weight and the aggregation."""
+    """The objective, clip range of the importance ratio, the truncated-IS cap, the KL weight and the
+    aggregation."""
 
     clip_low: float = 0.2
     clip_high: float = 0.2  # > clip_low: DAPO's "clip higher"
     tis_cap: float | None = 3.0  # truncated IS (dual clip) for engine/trainer mismatch; None: off
     kl_coef: float = 0.0
     aggregation: Aggregation = "token_mean"
+    # "gspo": clip one ratio per sequence (GSPO clips far tighter, e.g. clip_low=3e-4, clip_high=4e-4);
+    # "cispo": clip the ratio as a constant weight on every token's log-prob gradient (MiniMax-M1)
+    objective: Objective = "grpo"
 
     def __post_init__(self) -> None:
         if not (0 < self.clip_low < 1 and self.clip_high > 0):
@@ -33,9 +42,13 @@ class LossConfig:
                 f"clip_low must be in (0, 1) and clip_high > 0, got {self.clip_low}, {self.clip_high}; "
                 "0.2 for both is the usual choice"
             )
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"unknown objective {self.objective!r}; use one of {list(OBJECTIVES)}")
         if self.tis_cap is not None and self.tis_cap <= 1 + self.clip_high:
+            cispo = " (cispo's weight never exceeds 1 + clip_high, so the cap does nothing there)"
             raise ConfigError(
                 f"tis_cap must exceed 1 + clip_high = {1 + self.clip_high} (or be None), got {self.tis_cap}"
+                + (cispo if self.objective == "cispo" else "")
             )
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
@@ -79,6 +92,18 @@ def token_weights(
     return AGGREGATIONS[aggregation](mask, rollout_index)
 
 
+def _ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, objective: str
+) -> torch.Tensor:
+    """pi_theta / pi_old per token (B, T); for ``gspo`` each sequence's ratio on all its tokens:
+    exp of the mean log-ratio over its model tokens, so long and short sequences clip on one scale."""
+    log_ratio = (logprobs - old_logprobs) * mask  # (B, T)
+    if objective == "gspo":
+        per_sequence = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+        return torch.exp(per_sequence).expand_as(log_ratio)
+    return torch.exp(log_ratio)
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -90,7 +115,7 @@ def grpo_loss(
     rollout_index: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss to minimize and its metrics.
+    """The loss to minimize and its metrics, for ``config.objective``.
 
     Args:
         logprobs: (B, T) trainer log-probs of the taken tokens (with grad).
@@ -103,11 +128,15 @@ def grpo_loss(
     """
     mask = mask.to(logprobs.dtype)
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)  # (B, T) or (B, 1)
-    log_ratio = (logprobs - old_logprobs) * mask  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T)
+    ratio = _ratio(logprobs, old_logprobs, mask, config.objective)  # (B, T)
     clipped = torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)  # (B, T)
-    per_token = -torch.minimum(ratio * adv, clipped * adv)  # (B, T)
-    if config.tis_cap is not None:
+    if config.objective == "cispo":
+        # the clipped ratio is a constant weight: every token keeps its gradient, A * weight * grad(logprob).
+        # exp(lp - sg(lp)) is 1 with lp's gradient, so the loss reads -weight * A like the clipped surrogate
+        per_token = -clipped.detach() * adv * torch.exp(logprobs - logprobs.detach())  # (B, T)
+    else:
+        per_token = -torch.minimum(ratio * adv, clipped * adv)  # (B, T)
+    if config.tis_cap is not None and config.objective != "cispo":
         # truncated IS (dual clip): where the engine made a token far less likely than the trainer does
         # and the advantage is negative, the unclipped term grows with the ratio; cap it at tis_cap * |A|
         per_token = torch.where(
@@ -124,9 +153,9 @@ def grpo_loss(
     loss = (per_token * weights).sum()
     with torch.no_grad():
         n = mask.sum().clamp(min=1)
-        is_clipped = ((ratio < 1 - config.clip_low) & (adv < 0)) | (
-            (ratio > 1 + config.clip_high) & (adv > 0)
-        )
+        low, high = ratio < 1 - config.clip_low, ratio > 1 + config.clip_high
+        # grpo/gspo: where the clip took the token's gradient away; cispo: where its weight was clipped
+        is_clipped = low | high if config.objective == "cispo" else (low & (adv < 0)) | (high & (adv > 0))
         metrics = {
             "loss": float(loss.item()),
             "clip_fraction": float((is_clipped.to(mask.dtype) * mask).sum() / n),
