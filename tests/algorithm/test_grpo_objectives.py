@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from agl.algorithm.grpo import GRPOConfig, LossConfig, build_batch, group_advantages, grpo_loss
-from agl.algorithm.policy.loss import Aggregation
+from agl.algorithm.grpo import GRPOConfig, build_batch, group_advantages
+from agl.algorithm.policy.loss import Aggregation, LossConfig, grpo_loss
 from agl.cli.train import ConfigProblem, build
 from agl.errors import ConfigError
 from agl.schemas import Rollout, RolloutStatus, Span
@@ -163,6 +163,20 @@ def test_bad_objective_settings_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="cispo's weight never exceeds"):
         LossConfig(clip_high=4.0, objective="cispo")  # a wide CISPO bound needs tis_cap=None or higher
     assert LossConfig(clip_high=4.0, tis_cap=None, objective="cispo").clip_high == 4.0
+    with pytest.raises(ConfigError, match="clip_low"):
+        LossConfig(clip_low=1.0)  # a ratio clipped at 0 from below would never stop a PPO-style update
+
+
+def test_cispo_without_a_lower_bound_weighs_small_ratios_as_they_are() -> None:
+    cfg = LossConfig(clip_low=1.0, clip_high=0.28, objective="cispo")  # MiniMax-M1: only the upper bound
+    lp = _t(LOGPROBS).requires_grad_(True)
+    loss, _ = grpo_loss(lp, _t(OLD), _t(ADV), _t(MASK), cfg)
+    loss.backward()
+    assert lp.grad is not None
+    n = sum(map(sum, MASK))
+    for b, t in [(2, 1), (0, 3)]:  # ratios e^-.3 = 0.74 and e^-.1 = 0.90: below 0.8 and above it
+        r = math.exp(LOGPROBS[b][t] - OLD[b][t])
+        assert lp.grad[b, t].item() == pytest.approx(-r * ADV[b] / n, abs=1e-9)
 
 
 def test_std_scaling_by_group_batch_or_none_by_hand() -> None:

@@ -12,7 +12,8 @@ import openai
 import pytest
 
 import agl
-from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig
+from agl.algorithm.grpo import GRPO, GRPOConfig
+from agl.algorithm.policy.loss import LossConfig
 from agl.models import tiny_model
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ async def counting_agent(task: str, llm: agl.LLM) -> float:
 
 OPTIONS: dict[str, dict[str, Any]] = {
     "gspo": {"loss": LossConfig(objective="gspo", clip_low=3e-4, clip_high=4e-4)},
-    "cispo": {"loss": LossConfig(objective="cispo", clip_high=2.0, tis_cap=None)},
+    "cispo": {"loss": LossConfig(objective="cispo", clip_low=1.0, clip_high=0.28)},
     "batch_std": {"scale_by_std": "batch"},
     "batch_baseline": {"baseline": "batch", "scale_by_std": "none", "group_size": 1, "tasks_per_step": 3},
 }

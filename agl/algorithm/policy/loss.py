@@ -33,17 +33,19 @@ class LossConfig:
     kl_coef: float = 0.0
     aggregation: Aggregation = "token_mean"
     # "gspo": clip one ratio per sequence (GSPO clips far tighter, e.g. clip_low=3e-4, clip_high=4e-4);
-    # "cispo": clip the ratio as a constant weight on every token's log-prob gradient (MiniMax-M1)
+    # "cispo": clip the ratio as a constant weight on every token's log-prob gradient (MiniMax-M1; there
+    # clip_low may be >= 1: no lower bound on the weight, as the paper runs it)
     objective: Objective = "grpo"
 
     def __post_init__(self) -> None:
-        if not (0 < self.clip_low < 1 and self.clip_high > 0):
-            raise ConfigError(
-                f"clip_low must be in (0, 1) and clip_high > 0, got {self.clip_low}, {self.clip_high}; "
-                "0.2 for both is the usual choice"
-            )
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"unknown objective {self.objective!r}; use one of {list(OBJECTIVES)}")
+        low_ok = self.clip_low > 0 and (self.clip_low < 1 or self.objective == "cispo")
+        if not (low_ok and self.clip_high > 0):
+            raise ConfigError(
+                f"clip_low must be in (0, 1) (cispo: > 0) and clip_high > 0, got {self.clip_low}, "
+                f"{self.clip_high}; 0.2 for both is the usual choice"
+            )
         if self.tis_cap is not None and self.tis_cap <= 1 + self.clip_high:
             cispo = " (cispo's weight never exceeds 1 + clip_high, so the cap does nothing there)"
             raise ConfigError(
