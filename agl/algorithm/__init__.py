@@ -10,13 +10,17 @@ from agl.algorithm.base import (
     as_algorithm,
     evaluate,
 )
+from agl.algorithm.spec import AdapterSpec, ModelSpec, TeacherSpec
 
 __all__ = [
+    "AdapterSpec",
     "Algorithm",
     "Evaluation",
     "FunctionAlgorithm",
+    "ModelSpec",
     "PendingRollouts",
     "PublishedPolicy",
+    "TeacherSpec",
     "TrainingContext",
     "as_algorithm",
     "evaluate",
