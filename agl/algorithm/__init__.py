@@ -2,6 +2,7 @@
 
 from agl.algorithm.base import (
     Algorithm,
+    AlgorithmFn,
     Evaluation,
     FunctionAlgorithm,
     PendingRollouts,
@@ -15,6 +16,7 @@ from agl.algorithm.spec import AdapterSpec, ModelSpec, TeacherSpec
 __all__ = [
     "AdapterSpec",
     "Algorithm",
+    "AlgorithmFn",
     "Evaluation",
     "FunctionAlgorithm",
     "ModelSpec",
