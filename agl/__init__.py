@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "Algorithm": "agl.algorithm",
+    "ModelSpec": "agl.algorithm",
     "GRPO": "agl.algorithm.grpo",
     "GRPOConfig": "agl.algorithm.grpo",
     "WarmStart": "agl.algorithm.grpo",
@@ -65,6 +66,7 @@ if TYPE_CHECKING:
     from agl.agent import CommandAgent, LitAgent, openai_client, rollout
     from agl.algorithm import (
         Algorithm,
+        ModelSpec,
         TrainingContext,
         as_algorithm,
     )
@@ -117,6 +119,7 @@ __all__ = [
     "LightningStore",
     "LightningStoreClient",
     "LitAgent",
+    "ModelSpec",
     "PromptTemplate",
     "ResourcesVersion",
     "RetryConfig",

@@ -4,6 +4,9 @@
 
 It tries each candidate system prompt on the training tasks as real rollouts (store, runners, a
 simulated OpenAI-compatible model), reads the rewards through the adapter, and keeps the best prompt.
+It trains no local model, so fit serves none. One that does subclasses ``agl.Algorithm`` and declares it,
+``def model_spec(self) -> agl.ModelSpec: return agl.ModelSpec(path, lora_rank=8)``; fit then serves that
+model behind the gateway (``ctx.llm``) and ``ctx.publish_policy(policy)`` pushes new weights to it.
 """
 
 from __future__ import annotations

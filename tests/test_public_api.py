@@ -27,6 +27,7 @@ EXPORTED = [
     "LightningStore",
     "LightningStoreClient",
     "LitAgent",
+    "ModelSpec",
     "PromptTemplate",
     "ResourcesVersion",
     "RetryConfig",

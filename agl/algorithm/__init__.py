@@ -2,6 +2,7 @@
 
 from agl.algorithm.base import (
     Algorithm,
+    AlgorithmFn,
     Evaluation,
     FunctionAlgorithm,
     PendingRollouts,
@@ -10,13 +11,18 @@ from agl.algorithm.base import (
     as_algorithm,
     evaluate,
 )
+from agl.algorithm.spec import AdapterSpec, ModelSpec, TeacherSpec
 
 __all__ = [
+    "AdapterSpec",
     "Algorithm",
+    "AlgorithmFn",
     "Evaluation",
     "FunctionAlgorithm",
+    "ModelSpec",
     "PendingRollouts",
     "PublishedPolicy",
+    "TeacherSpec",
     "TrainingContext",
     "as_algorithm",
     "evaluate",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl.adapter import final_reward
 from agl.algorithm.health import Failures, rollout_failures
+from agl.algorithm.spec import ModelSpec
 from agl.errors import ConfigError
 from agl.schemas import LLM, ModelWeights, Resource, Rollout, RolloutCreate, RolloutStatus, Span, new_id
 from agl.store.base import LightningStore
@@ -116,7 +117,7 @@ class TrainingContext:
         if self.llm is None or self.engines is None:
             raise ConfigError(
                 "publishing a policy needs a served model: run the algorithm through Trainer.fit, which "
-                "serves its model_path behind the gateway"
+                "serves the model its model_spec() declares behind the gateway"
             )
         if policy is not None:
             self.model_version = await self.engines.sync(policy, self.gateway)
@@ -305,27 +306,43 @@ def succeeded(rollout: Rollout) -> bool:
     return rollout.status == RolloutStatus.SUCCEEDED
 
 
-class Algorithm:
-    """Subclass and implement :meth:`run`; ``Trainer.fit`` calls it once with the wired context."""
+#: the function form of an algorithm: ``async def fn(ctx, train, val)`` (``Trainer`` takes it as is)
+AlgorithmFn = Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]
 
-    @property
-    def model_path(self) -> str | None:
-        """The local model this algorithm trains; the trainer serves it (engine + gateway) when set."""
-        path = getattr(getattr(self, "config", None), "model_path", None)
-        return None if path is None else str(path)
+
+class Algorithm:
+    """Subclass and implement :meth:`run`; ``Trainer.fit`` calls it once with the wired context.
+
+    An algorithm that trains a local model declares it in :meth:`model_spec`; fit serves that model
+    (engines and gateway) before calling :meth:`run`.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "model_path" in cls.__dict__ and cls.model_spec is Algorithm.model_spec:
+            # fit reads only model_spec(): a model_path of its own would leave the model unserved, silently
+            raise TypeError(
+                f"{cls.__name__} defines model_path, which Trainer.fit does not read: declare the model with "
+                "def model_spec(self) -> agl.ModelSpec | None: return agl.ModelSpec(path=...)"
+            )
+
+    def model_spec(self) -> ModelSpec | None:
+        """The local model this algorithm trains, which ``Trainer.fit`` serves; None (the default): none
+        (e.g. APO against a hosted model)."""
+        return None
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement run(ctx, train, val)")
 
 
 class FunctionAlgorithm(Algorithm):
-    def __init__(self, fn: Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]) -> None:
+    def __init__(self, fn: AlgorithmFn) -> None:
         self.fn = fn
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Any:
         return await self.fn(ctx, train, val)
 
 
-def as_algorithm(fn: Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]) -> Algorithm:
+def as_algorithm(fn: AlgorithmFn) -> Algorithm:
     """Make an ``async def fn(ctx, train, val)`` an Algorithm (the function form)."""
     return FunctionAlgorithm(fn)

@@ -9,13 +9,14 @@ import logging
 import secrets
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from agl.agent.base import LitAgent
-from agl.algorithm.base import Algorithm, TrainingContext
+from agl.algorithm.base import Algorithm, AlgorithmFn, TrainingContext
+from agl.algorithm.spec import ModelSpec
 from agl.errors import ConfigError
 from agl.runner.runner import Runner
 from agl.schemas import LLM, Resource
@@ -28,13 +29,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-AlgorithmEntry = Callable[[TrainingContext, Sequence[Any], Sequence[Any]], Awaitable[Any]]
-
-
 class FitSettings(Protocol):
     """What ``fit`` reads of the ``agl.Trainer`` (so this module need not import it)."""
 
-    algorithm: Any
+    algorithm: Algorithm | AlgorithmFn | None
     store: LightningStore | str | None
     n_runners: int
     output_dir: str | None
@@ -45,34 +43,50 @@ class FitSettings(Protocol):
     def new_run_dir(self) -> Path: ...
 
 
-def lora_rank_of(algorithm: Any) -> int:
-    """The LoRA rank the algorithm trains (``config.lora_rank``, as GRPO and SFT have); 0: full weights."""
-    return int(getattr(getattr(algorithm, "config", None), "lora_rank", 0) or 0)
-
-
-def precision_of(algorithm: Any) -> str:
-    """The precision the algorithm trains in (``config.precision``, as GRPO and SFT have); else ``"auto"``."""
-    return str(getattr(getattr(algorithm, "config", None), "precision", "auto") or "auto")
-
-
-def algorithm_entry(algorithm: Any) -> AlgorithmEntry:
+def algorithm_entry(algorithm: object) -> AlgorithmFn:
     """How ``fit`` calls ``algorithm``: ``run(ctx, train, val)`` for an ``agl.Algorithm`` (GRPO, APO, SFT,
-    yours) or any object with such an async ``run``, or the ``async def fn(ctx, train, val)`` form.
+    yours), or the ``async def fn(ctx, train, val)`` form itself.
 
     Raises:
-        ConfigError: ``algorithm`` has no async ``run`` and is no async function.
+        ConfigError: ``algorithm`` is neither.
     """
     if isinstance(algorithm, Algorithm):
         return algorithm.run
-    run = getattr(algorithm, "run", None)
-    if run is not None and inspect.iscoroutinefunction(run):
-        return cast(AlgorithmEntry, run)
-    if run is None and inspect.iscoroutinefunction(algorithm):
-        return cast(AlgorithmEntry, algorithm)
+    if inspect.iscoroutinefunction(algorithm):
+        return cast(AlgorithmFn, algorithm)
     raise ConfigError(
-        f"Trainer(algorithm=...) got a {type(algorithm).__name__}, which has no async run(ctx, train, val): "
-        "pass agl.GRPO/SFT/APO, an agl.Algorithm subclass or an async def fn(ctx, train, val)"
+        f"Trainer(algorithm=...) got a {type(algorithm).__name__}, which is no agl.Algorithm and no async "
+        "function: pass agl.GRPO/SFT/APO, an agl.Algorithm subclass or an async def fn(ctx, train, val)"
     )
+
+
+def served_model(algorithm: object) -> ModelSpec | None:
+    """The model ``fit`` serves for ``algorithm``: its ``model_spec()`` (None for the function form).
+
+    Raises:
+        ConfigError: ``model_spec()`` returned no ``ModelSpec``, or the spec declares what fit does not
+            serve yet (``adapters`` per agent, a ``teacher``).
+    """
+    if not isinstance(algorithm, Algorithm):
+        return None
+    spec = algorithm.model_spec()
+    if spec is None:
+        return None
+    owner = f"{type(algorithm).__name__}.model_spec()"
+    if not isinstance(spec, ModelSpec):
+        raise ConfigError(f"{owner} must return an agl.ModelSpec or None, got a {type(spec).__name__}")
+    if spec.adapters:
+        raise ConfigError(
+            f"{owner} declares ModelSpec.adapters (one LoRA adapter per agent: {', '.join(spec.adapters)}), "
+            "which Trainer.fit does not serve yet: it serves one base model with at most one adapter "
+            "(ModelSpec.lora_rank)"
+        )
+    if spec.teacher is not None:
+        raise ConfigError(
+            f"{owner} declares ModelSpec.teacher ({spec.teacher.path}), which Trainer.fit does not serve yet: "
+            "it serves only the trained model"
+        )
+    return spec
 
 
 def _open_store(trainer: FitSettings, out: Path) -> tuple[LightningStore, bool]:
@@ -95,6 +109,7 @@ async def run_fit(trainer: FitSettings, agent: LitAgent, train: Sequence[Any], v
     runners, the gateway and the engine, and the exception propagates.
     """
     entry = algorithm_entry(trainer.algorithm)
+    spec = served_model(trainer.algorithm)
     out = trainer.run_dir = trainer.new_run_dir()
     out.mkdir(parents=True, exist_ok=True)
     if trainer.output_dir is None:  # say where this run's folder is: its name is new each run
@@ -110,9 +125,8 @@ async def run_fit(trainer: FitSettings, agent: LitAgent, train: Sequence[Any], v
             # anyway; the caller's client stays usable
             stack.push_async_callback(store.aclose)
         ctx = TrainingContext(store=store, output_dir=str(out))
-        model_path = getattr(trainer.algorithm, "model_path", None)
-        if model_path is not None:
-            ctx = await _serve_model(stack, store, str(model_path), trainer, ctx)
+        if spec is not None:
+            ctx = await _serve_model(stack, store, spec, trainer, ctx)
         if trainer.initial_resources:
             await ctx.publish(trainer.initial_resources)
         if trainer.n_runners == 0:
@@ -193,7 +207,7 @@ def gateway_client_token(settings: Serving) -> str | None:
 async def _serve_model(
     stack: contextlib.AsyncExitStack,
     store: LightningStore,
-    model_path: str,
+    model: ModelSpec,
     trainer: FitSettings,
     ctx: TrainingContext,
     placer: Placer | None = None,
@@ -205,9 +219,9 @@ async def _serve_model(
     work_dir = Path(ctx.output_dir) / "engine"
     engines = await start_engines(
         spec,
-        model_path,
-        lora_rank=lora_rank_of(trainer.algorithm),
-        precision=precision_of(trainer.algorithm),
+        model.path,
+        lora_rank=model.lora_rank,
+        precision=model.precision,
         work_dir=work_dir,
         placer=placer,
     )
@@ -230,6 +244,6 @@ async def _serve_model(
         api_key=client_token,  # agents that build their client from llm.api_key need no change
         sampling_parameters=dict(trainer.serving.sampling),
     )
-    ctx.llm, ctx.flush, ctx.model_path = llm, gateway.flush, model_path
+    ctx.llm, ctx.flush, ctx.model_path = llm, gateway.flush, model.path
     ctx.engines, ctx.gateway = engines, gateway
     return ctx

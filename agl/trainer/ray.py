@@ -123,10 +123,11 @@ class RayLauncher:
     async def _fit(self, trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: Sequence[Any]) -> Any:
         from agl.serving import BackgroundServer
         from agl.store.server import create_app
-        from agl.trainer.fit import _open_store, _serve_model, algorithm_entry
+        from agl.trainer.fit import _open_store, _serve_model, algorithm_entry, served_model
 
         self.connect()
         entry = algorithm_entry(trainer.algorithm)
+        spec = served_model(trainer.algorithm)
         out = trainer.run_dir = trainer.new_run_dir()
         out.mkdir(parents=True, exist_ok=True)
         # the gateway binds and advertises the driver address the runner actors use
@@ -142,9 +143,8 @@ class RayLauncher:
             await asyncio.to_thread(store_server.start)
             stack.callback(store_server.stop)
             ctx = TrainingContext(store=store, output_dir=str(out))
-            model_path = getattr(trainer.algorithm, "model_path", None)
-            if model_path is not None:
-                ctx = await _serve_model(stack, store, str(model_path), local, ctx, placer=RayPlacer(self))
+            if spec is not None:
+                ctx = await _serve_model(stack, store, spec, local, ctx, placer=RayPlacer(self))
             fleet = RunnerFleet(self, agent, store_server.url, store_token)
             stack.push_async_callback(fleet.stop)
             runs = [asyncio.ensure_future(r) for r in fleet.start()]

@@ -26,6 +26,7 @@ from agl.trackers import check_names, use_trackers
 from agl.trainer.serving import Serving
 
 if TYPE_CHECKING:
+    from agl.algorithm.base import Algorithm, AlgorithmFn
     from agl.engines.launch import EngineSpec
 
 #: where ``fit`` writes when ``output_dir`` is not given: ``results/<run name>-<timestamp>``
@@ -116,7 +117,8 @@ class Trainer:
     """Runs an agent against an algorithm.
 
     Args:
-        algorithm: what improves the agent (GRPO, APO, SFT or your own ``agl.Algorithm``); ``dev`` needs none.
+        algorithm: what improves the agent (GRPO, APO, SFT, your own ``agl.Algorithm``, or an
+            ``async def fn(ctx, train, val)``); ``dev`` needs none.
         store: a LightningStore, or a store URL (``http://host:4747`` of ``agl store serve``,
             ``sqlite:///...``); defaults to an in-memory one for ``dev`` and SQLite for ``fit``.
         n_runners: concurrent rollouts the in-process runners execute; 0 starts none, for runners
@@ -138,7 +140,7 @@ class Trainer:
     @overload
     def __init__(
         self,
-        algorithm: Any = None,
+        algorithm: Algorithm | AlgorithmFn | None = None,
         *,
         store: LightningStore | str | None = None,
         n_runners: int = 4,
@@ -170,7 +172,7 @@ class Trainer:
 
     def __init__(
         self,
-        algorithm: Any = None,
+        algorithm: Algorithm | AlgorithmFn | None = None,
         *,
         store: LightningStore | str | None = None,
         n_runners: int = 4,

@@ -30,9 +30,8 @@ class SeededExpertIteration(Algorithm):
     def __init__(self, sft: SFT, seed_traces: int) -> None:
         self.sft, self.seed_traces = sft, seed_traces
 
-    @property
-    def model_path(self) -> str | None:
-        return self.sft.model_path
+    def model_spec(self) -> agl.ModelSpec:
+        return self.sft.model_spec()  # fit serves the model SFT trains
 
     async def run(self, ctx: TrainingContext, train: Any, val: Any) -> dict[str, Any]:
         ctx.tools = [CALCULATOR]  # the warm-start traces render with the agent's tool schema

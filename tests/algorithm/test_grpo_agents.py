@@ -55,9 +55,8 @@ class Collect(agl.Algorithm):
     def __init__(self) -> None:
         self.path = str(tiny_model())
 
-    @property
-    def model_path(self) -> str:
-        return self.path
+    def model_spec(self) -> agl.ModelSpec:
+        return agl.ModelSpec(self.path)
 
     async def run(self, ctx: agl.TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Any:
         assert ctx.llm is not None

@@ -126,10 +126,11 @@ async def test_a_bf16_engine_samples_with_logprobs_a_bf16_trainer_reproduces(tin
 async def test_fit_serves_the_built_in_engine_in_the_policys_precision(tiny: Path, tmp_path: Path) -> None:
     import agl
     from agl.engines.launch import BuiltinEngine, start_engines
-    from agl.trainer.fit import precision_of
+    from agl.trainer.fit import served_model
 
-    assert precision_of(agl.GRPO(GRPOConfig(model_path=str(tiny), precision="bf16"))) == "bf16"
-    assert precision_of(object()) == "auto"  # an algorithm without a config: the engine decides
+    spec = served_model(agl.GRPO(GRPOConfig(model_path=str(tiny), precision="bf16")))
+    assert spec is not None and spec.precision == "bf16"  # what fit passes to start_engines
+    assert agl.ModelSpec(str(tiny)).precision == "auto"  # a spec that names none: the engine decides
     served = await start_engines(BuiltinEngine(), str(tiny), precision="bf16", work_dir=tmp_path)
     chosen = await start_engines(
         BuiltinEngine({"precision": "fp32"}), str(tiny), precision="bf16", work_dir=tmp_path

@@ -76,9 +76,8 @@ def netns() -> Iterator[Netns]:
 class CallThePolicy(Algorithm):
     """Publishes the gateway's LLM and runs the tasks; returns the recorded model calls per rollout."""
 
-    @property
-    def model_path(self) -> str:
-        return str(tiny_model())
+    def model_spec(self) -> agl.ModelSpec:
+        return agl.ModelSpec(str(tiny_model()))
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> list[int]:
         assert ctx.llm is not None

@@ -46,9 +46,8 @@ class RaisesAtOnce(Algorithm):
         self._model_path = model_path
         self.urls: list[str] = []
 
-    @property
-    def model_path(self) -> str | None:
-        return self._model_path
+    def model_spec(self) -> agl.ModelSpec | None:
+        return None if self._model_path is None else agl.ModelSpec(self._model_path)
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Any:
         if ctx.gateway is not None:
@@ -142,7 +141,7 @@ def test_custom_algorithm_and_function_form(tmp_path: Path) -> None:
 
 
 def test_an_object_that_is_no_algorithm_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no async run"):
+    with pytest.raises(ConfigError, match="no agl.Algorithm and no async function"):
         agl.Trainer(algorithm=object(), output_dir=str(tmp_path)).fit(echo_agent, [1])
     with pytest.raises(ConfigError, match="n_runners=0"):
         agl.Trainer(algorithm=Mean(), n_runners=0, output_dir=str(tmp_path)).fit(echo_agent, [1])

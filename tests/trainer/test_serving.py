@@ -33,9 +33,8 @@ async def keyed_agent(task: str, llm: agl.LLM) -> float:
 class ProbeTheGateway(Algorithm):
     """Tries the served gateway over real HTTP with and without its tokens, then runs the agent."""
 
-    @property
-    def model_path(self) -> str:
-        return str(tiny_model())
+    def model_spec(self) -> agl.ModelSpec:
+        return agl.ModelSpec(str(tiny_model()))
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, Any]:
         assert ctx.llm is not None

@@ -27,6 +27,7 @@ from agl.algorithm.apo.search import Candidate, diagnose_baseline, extract_promp
 from agl.algorithm.apo.trajectories import Trajectory, render_trajectories, trajectory_from_spans
 from agl.algorithm.base import Algorithm, PendingRollouts, TrainingContext, score_of
 from agl.algorithm.health import Failures
+from agl.algorithm.spec import ModelSpec
 from agl.errors import AgentError, ConfigError
 from agl.schemas import LLM, PromptTemplate, Resource, RolloutStatus
 from agl.store.base import LightningStore
@@ -141,6 +142,10 @@ class APO(Algorithm):
         self._train_order: list[int] = []
         self._curve: list[tuple[int, float]] = []
         self._output_dir: str | None = config.output_dir
+
+    def model_spec(self) -> ModelSpec | None:
+        """None: APO edits prompts for the task LLM in the resources (a hosted endpoint), so fit serves no model."""
+        return None
 
     # ----- the search ------------------------------------------------------------------------
     async def run(  # a bare store works too, for use without a trainer

@@ -25,6 +25,7 @@ from agl.algorithm.grpo.config import GRPOConfig
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed, rollout_failures
 from agl.algorithm.memory import step_peaks
+from agl.algorithm.spec import ModelSpec
 from agl.compute_thread import run_compute
 from agl.errors import ConfigError
 
@@ -46,6 +47,11 @@ class GRPO(Algorithm):
         self.warm_start_history: list[dict[str, float]] = []
         self.learning = LearningCheck()  # warns once per run when nothing can be learned
         self.baseline_failures = Failures(0, 0)
+
+    def model_spec(self) -> ModelSpec:
+        """The base model fit serves, with the LoRA rank, precision and device the policy trains with."""
+        cfg = self.config
+        return ModelSpec(cfg.model_path, lora_rank=cfg.lora_rank, precision=cfg.precision, device=cfg.device)
 
     async def _resume(self, ctx: TrainingContext, checkpoint: Path) -> int:
         """Load weights and optimizer from ``checkpoint`` (``run`` pushes them to the engine); returns the next step."""

@@ -32,6 +32,7 @@ from agl.algorithm.sft.samples import (
     samples_from_spans,
     select_rollouts,
 )
+from agl.algorithm.spec import ModelSpec
 from agl.compute_thread import run_compute
 from agl.errors import ConfigError
 
@@ -44,6 +45,12 @@ class SFT(Algorithm):
         self.policy: Any = None
         self.history: list[dict[str, float]] = []
         self.best: BestExport | None = None
+
+    def model_spec(self) -> ModelSpec:
+        """The base model fit serves (offline too, to score ``val`` before and after), with the LoRA rank
+        and precision the policy trains with; SFT trains on the CPU."""
+        cfg = self.config
+        return ModelSpec(cfg.model_path, lora_rank=cfg.lora_rank, precision=cfg.precision, device="cpu")
 
     def policy_config(self) -> Any:
         """The trainer-side policy's settings (a :class:`~agl.algorithm.policy.PolicyConfig`) from this config."""

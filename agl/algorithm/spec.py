@@ -1,0 +1,155 @@
+"""What an algorithm asks ``Trainer.fit`` to serve: a :class:`ModelSpec`, from ``Algorithm.model_spec()``.
+
+The spec is the whole contract between the trainer and the algorithm about the model: fit starts the
+engines and the gateway for ``spec.path`` with the spec's LoRA rank and precision, and reads nothing
+else of the algorithm. Each field is checked when the spec is made, so a wrong one fails by name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from agl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agl.algorithm.precision import Precision
+    from agl.engines.launch import EngineSpec
+
+_DEVICE = re.compile(r"[a-z][a-z0-9_]*(:\d+)?")  # torch's spelling: "cpu", "cuda", "cuda:1", "mps"
+#: agl.algorithm.precision.PRECISIONS, spelled out so that a spec is made without importing torch
+_PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One LoRA adapter trained on the base model, served under its own endpoint (model) name.
+
+    Args:
+        name: the model name agents call the adapter by (distinct from the base's ``"policy"``).
+        rank: its LoRA rank (>= 1).
+    """
+
+    name: str
+    rank: int
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "AdapterSpec.name")
+        if self.name == "policy":
+            raise ConfigError("AdapterSpec.name 'policy' is the base model's endpoint name: pick another")
+        _check_rank(self.rank, "AdapterSpec.rank", minimum=1)
+
+
+@dataclass(frozen=True)
+class TeacherSpec:
+    """A second model served alongside the trained one and never updated (e.g. a distillation teacher).
+
+    Args:
+        path: its local Hugging Face folder.
+        precision: ``"auto"``, ``"fp32"`` or ``"bf16"`` (see :mod:`agl.algorithm.precision`).
+        engine: what serves it (``agl.engines.BuiltinEngine`` / ``VllmEngine``); None: the trainer's engine.
+    """
+
+    path: str
+    precision: Precision = "auto"
+    engine: EngineSpec | None = None
+
+    def __post_init__(self) -> None:
+        _check_name(self.path, "TeacherSpec.path")
+        _check_precision(self.precision, "TeacherSpec.precision")
+        from agl.engines.launch import BuiltinEngine, VllmEngine
+
+        if self.engine is not None and not isinstance(self.engine, (BuiltinEngine, VllmEngine)):
+            raise ConfigError(
+                "TeacherSpec.engine must be agl.engines.BuiltinEngine(...), VllmEngine(...) or None, "
+                f"got a {type(self.engine).__name__}"
+            )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The model an algorithm trains, as ``Trainer.fit`` must serve it to the agents.
+
+    Args:
+        path: the base model's local Hugging Face folder.
+        lora_rank: the rank of the LoRA adapter the algorithm pushes (0: it pushes full weights).
+        precision: ``"auto"``, ``"fp32"`` or ``"bf16"``: the trained policy's, which the built-in engine
+            takes too (unless its options set one), so sampling and training log-probs agree.
+        device: where the algorithm trains the model (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the engine's
+            placement is ``Trainer(serving=agl.Serving(engine=...))``'s.
+        adapters: one LoRA adapter per agent on the shared base: agent name -> :class:`AdapterSpec`
+            (each with its own rank, so ``lora_rank`` stays 0). Declared here; fit does not serve it yet.
+        teacher: a frozen model served alongside (:class:`TeacherSpec`). Declared here; fit does not
+            serve it yet.
+    """
+
+    path: str
+    lora_rank: int = 0
+    precision: Precision = "auto"
+    device: str = "cpu"
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=dict)
+    teacher: TeacherSpec | None = None
+
+    def __post_init__(self) -> None:
+        _check_name(self.path, "ModelSpec.path")
+        _check_rank(self.lora_rank, "ModelSpec.lora_rank", minimum=0)
+        _check_precision(self.precision, "ModelSpec.precision")
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
+            raise ConfigError(
+                f"ModelSpec.device must be a torch device such as 'cpu' or 'cuda:0', got {self.device!r}"
+            )
+        if self.teacher is not None and not isinstance(self.teacher, TeacherSpec):
+            raise ConfigError(
+                f"ModelSpec.teacher must be an agl.algorithm.TeacherSpec or None, got a {type(self.teacher).__name__}"
+            )
+        object.__setattr__(
+            self, "adapters", MappingProxyType(_checked_adapters(self.adapters, self.lora_rank))
+        )
+
+
+def _checked_adapters(adapters: object, lora_rank: int) -> dict[str, AdapterSpec]:
+    if not isinstance(adapters, Mapping):
+        raise ConfigError(
+            f"ModelSpec.adapters must map agent names to AdapterSpec(name=..., rank=...), got a {type(adapters).__name__}"
+        )
+    out: dict[str, AdapterSpec] = {}
+    ranks: dict[str, int] = {}
+    for agent, adapter in adapters.items():
+        _check_name(agent, "ModelSpec.adapters' agent name")
+        if not isinstance(adapter, AdapterSpec):
+            raise ConfigError(
+                f"ModelSpec.adapters[{agent!r}] must be an AdapterSpec(name=..., rank=...), got a {type(adapter).__name__}"
+            )
+        if ranks.setdefault(adapter.name, adapter.rank) != adapter.rank:  # agents sharing one adapter
+            raise ConfigError(
+                f"ModelSpec.adapters names adapter {adapter.name!r} with ranks {ranks[adapter.name]} and "
+                f"{adapter.rank}: agents that share an adapter share its rank"
+            )
+        out[agent] = adapter
+    if out and lora_rank:
+        raise ConfigError(
+            f"ModelSpec(adapters=..., lora_rank={lora_rank}): with adapters per agent each AdapterSpec has its "
+            "own rank; leave lora_rank at 0"
+        )
+    return out
+
+
+def _check_name(value: object, what: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{what} must be a non-empty string, got {value!r}")
+
+
+def _check_rank(value: object, what: str, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{what} must be an integer >= {minimum}, got {value!r}")
+
+
+def _check_precision(value: object, what: str) -> None:
+    if value not in _PRECISIONS:
+        raise ConfigError(f"{what} must be one of {list(_PRECISIONS)}, got {value!r}")
+
+
+__all__ = ["AdapterSpec", "ModelSpec", "TeacherSpec"]
