@@ -47,12 +47,12 @@ def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, tr
     from agl.adapter import Sample
     from agl.algorithm import memory
     from agl.algorithm.grpo import LossConfig
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
     from agl.algorithm.memory import MicroBatchTokens
+    from agl.algorithm.policy.model import Policy, PolicyConfig
     from agl.models import smollm2, tiny_model
 
     if not trim:  # the behaviour before this change: glibc's default arenas, freed heap pages kept
-        import agl.algorithm.grpo.policy as policy_module
+        import agl.algorithm.policy.model as policy_module
 
         for module in (memory, policy_module):
             module.release_free_memory = lambda: None  # type: ignore[attr-defined]

@@ -58,7 +58,7 @@ class GRPOConfig:
     max_staleness: int = 1
     world_size: int = 1  # > 1: data-parallel policy steps over torch.distributed (policy/distributed.py)
     # "fsdp": the world_size ranks shard parameters, gradients and optimizer state with FSDP2 (bf16
-    # compute on CUDA) instead of each holding the full model (agl/algorithm/sharding.py)
+    # compute on CUDA) instead of each holding the full model (agl/algorithm/policy/sharding.py)
     sharding: Literal["none", "fsdp"] = "none"
     device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Serving(engine=BuiltinEngine(...))
     # every rollout of the baseline evaluation or the first step failed: stop with the first error
