@@ -81,7 +81,7 @@ class Mean(Algorithm):
 
 
 def _agl_threads() -> set[str]:
-    # the memory monitor is one daemon per process by design (agl.algorithm.memory.shared_monitor)
+    # the memory monitor is one daemon per process by design (agl.compute.memory.shared_monitor)
     names = {t.name for t in threading.enumerate() if t.name.startswith("agl")}
     return names - {"agl-memory-monitor"}
 
