@@ -392,7 +392,7 @@ async def run_inproc(
 # ----- one side, in its own process ---------------------------------------------------------------------------
 def trl_precision(args: argparse.Namespace) -> str:
     """TRL's precision: ``bf16`` is its ``bf16=True`` (autocast, as agl's bf16; TRL's own default)."""
-    from agl.algorithm.precision import resolve_precision
+    from agl.compute.precision import resolve_precision
 
     return resolve_precision(args.precision, "cpu") if args.trl_precision == "same" else args.trl_precision
 
@@ -506,7 +506,7 @@ def summarize(
         row["gradient_checkpointing"] = args.trl_gradient_checkpointing
         row["bf16"] = trl_precision(args) == "bf16"
     else:
-        from agl.algorithm.precision import resolve_precision
+        from agl.compute.precision import resolve_precision
 
         row["precision"] = resolve_precision(args.precision, "cpu")
     return row

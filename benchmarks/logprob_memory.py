@@ -42,8 +42,8 @@ def measure(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agl.algorithm.grpo.logprobs import token_logprobs
-    from agl.algorithm.grpo.policy import enable_activation_checkpointing
+    from agl.algorithm.policy.logprobs import token_logprobs
+    from agl.algorithm.policy.model import enable_activation_checkpointing
     from agl.models import smollm2, tiny_model
 
     torch.manual_seed(0)

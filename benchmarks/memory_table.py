@@ -8,7 +8,7 @@ cell: the process's peak RSS over the run, its RSS after the first and the last 
 steps), and trained tokens/s of the steps after the first. Time figures are noisy on a shared machine.
 ``--in-use`` also reads the RSS after a trim each step (the memory in use; the policy otherwise holds freed
 memory for reuse, so its RSS stays at the high-water mark), and ``--onednn-caches torch`` runs with torch's
-own 1,024-entry bf16 kernel caches instead of the bound agl sets (``agl.algorithm.precision``).
+own 1,024-entry bf16 kernel caches instead of the bound agl sets (``agl.compute.precision``).
 
     python benchmarks/memory_table.py --model tiny
     python benchmarks/memory_table.py --model smollm2 --lengths 1000 --micro-batches 1024,2048,4096
@@ -40,19 +40,19 @@ GB = 1024**3
 def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, trim: bool) -> dict[str, Any]:
     """One cell, in this process."""
     if args.onednn_caches == "torch":  # before torch's first bf16 matmul, which reads them
-        from agl.algorithm.precision import ONEDNN_CACHE_ENTRIES
+        from agl.compute.precision import ONEDNN_CACHE_ENTRIES
 
         for name in ONEDNN_CACHE_ENTRIES:
             os.environ[name] = "1024"
     from agl.adapter import Sample
-    from agl.algorithm import memory
     from agl.algorithm.grpo import LossConfig
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
-    from agl.algorithm.memory import MicroBatchTokens
+    from agl.algorithm.policy.model import Policy, PolicyConfig
+    from agl.compute import memory
+    from agl.compute.memory import MicroBatchTokens
     from agl.models import smollm2, tiny_model
 
     if not trim:  # the behaviour before this change: glibc's default arenas, freed heap pages kept
-        import agl.algorithm.grpo.policy as policy_module
+        import agl.algorithm.policy.model as policy_module
 
         for module in (memory, policy_module):
             module.release_free_memory = lambda: None  # type: ignore[attr-defined]

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from agl.algorithm.policy.logprobs import token_logprobs  # noqa: E402
 from agl.algorithm.policy.model import enable_activation_checkpointing  # noqa: E402
-from agl.algorithm.precision import autocast, cpu_has_native_bf16  # noqa: E402
+from agl.compute.precision import autocast, cpu_has_native_bf16  # noqa: E402
 
 
 def _model_path(name: str) -> Path:

@@ -120,7 +120,7 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
 
 def bf16_steps(path: str, device: str, args: argparse.Namespace) -> dict[str, Any]:
     """GRPO policy steps with bf16 autocast (fp32 master weights and optimizer) on ``device``."""
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
+    from agl.algorithm.policy.model import Policy, PolicyConfig
 
     policy = Policy(PolicyConfig(model_path=path, lr=args.lr, device=device), LossConfig())
     batch = synthetic_batch(policy.model.config.vocab_size, args.train_samples, args.train_tokens)
@@ -141,9 +141,10 @@ def fsdp_steps(path: str, device: str, args: argparse.Namespace) -> dict[str, An
     """GRPO policy steps sharded with FSDP2 over every visible GPU (one rank each; bf16 compute)."""
     import torch.distributed as dist
 
-    from agl.algorithm.grpo.distributed import DistributedPolicy, _free_port, backend_for
-    from agl.algorithm.grpo.policy import Policy, PolicyConfig
-    from agl.algorithm.sharding import ShardedPolicy
+    from agl.algorithm.policy.collective import backend_for
+    from agl.algorithm.policy.distributed import DistributedPolicy, _free_port
+    from agl.algorithm.policy.model import Policy, PolicyConfig
+    from agl.algorithm.policy.sharding import ShardedPolicy
 
     ranks = torch.cuda.device_count() if device.startswith("cuda") else 1
     config = PolicyConfig(model_path=path, lr=args.lr, device=device)

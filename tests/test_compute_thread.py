@@ -14,7 +14,7 @@ import pytest
 import agl
 from agl.algorithm.grpo import GRPO, GRPOConfig
 from agl.algorithm.policy.model import Policy
-from agl.compute_thread import run_compute
+from agl.compute.thread import run_compute
 from agl.engines.builtin.engine import Engine
 from agl.models import tiny_model
 
@@ -67,7 +67,7 @@ def test_fit_runs_every_model_computation_on_the_compute_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Engine batches, weight loads, policy creation and steps and the weights handed to the engine all run
-    on one thread, so PyTorch keeps one OpenMP team (see agl/compute_thread.py)."""
+    on one thread, so PyTorch keeps one OpenMP team (see agl/compute/thread.py)."""
     threads: dict[str, set[str]] = {}
 
     def record(cls: type, name: str) -> None:

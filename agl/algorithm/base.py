@@ -8,9 +8,8 @@ An algorithm reaches runners only through the store, and only through the contex
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agl.adapter import final_reward
@@ -100,7 +99,6 @@ class TrainingContext:
     gateway: Gateway | None = None
     model_version: str = "v0"
     tools: list[dict[str, Any]] | None = None
-    _extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     async def publish(self, resources: dict[str, Resource], **metadata: Any) -> str:
         """Store a new resources version (rollouts enqueued with its id run with it); returns the id."""
@@ -173,75 +171,6 @@ class TrainingContext:
             tasks, mode=mode, group_size=group_size, resources_id=resources_id, metadata=metadata
         )
         return await pending.collect(timeout_s)
-
-    # ----- deprecated ----------------------------------------------------------------------
-    @property
-    def sync_weights(self) -> Callable[[dict[str, Any]], Awaitable[str]] | None:
-        """Deprecated: pushes a state dict to the engines and returns the new version (use :meth:`publish_policy`)."""
-        warnings.warn(
-            "TrainingContext.sync_weights is deprecated; ctx.publish_policy(policy) pushes the weights and "
-            "publishes them in one call",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        engines = self.engines
-        if engines is None:
-            return None
-
-        async def sync(state: dict[str, Any]) -> str:
-            self.model_version = await engines.sync(state, self.gateway)
-            return self.model_version
-
-        return sync
-
-    @property
-    def extra(self) -> MutableMapping[str, Any]:
-        """Deprecated: string keys for what are typed fields now (``tools``, ``gateway``, ``engines``)."""
-        warnings.warn(
-            "TrainingContext.extra is deprecated; use its typed fields (ctx.tools, ctx.gateway, ctx.engines)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return _ExtraView(self)
-
-
-class _ExtraView(MutableMapping[str, Any]):
-    """``ctx.extra`` as it was: the typed fields under their old keys, anything else in a side dict."""
-
-    _FIELDS: Mapping[str, str] = {"tools": "tools", "gateway": "gateway", "engines": "engines"}
-
-    def __init__(self, ctx: TrainingContext) -> None:
-        self.ctx = ctx
-
-    def _present(self) -> list[str]:
-        typed = [k for k, f in self._FIELDS.items() if getattr(self.ctx, f) is not None]
-        engine = ["engine"] if self.ctx.engines is not None else []
-        return typed + engine + list(self.ctx._extra)
-
-    def __getitem__(self, key: str) -> Any:
-        if key == "engine" and self.ctx.engines is not None:
-            return self.ctx.engines.replicas[0]
-        if key in self._FIELDS and getattr(self.ctx, self._FIELDS[key]) is not None:
-            return getattr(self.ctx, self._FIELDS[key])
-        return self.ctx._extra[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key in self._FIELDS:
-            setattr(self.ctx, self._FIELDS[key], value)
-        else:
-            self.ctx._extra[key] = value
-
-    def __delitem__(self, key: str) -> None:
-        if key in self._FIELDS:
-            setattr(self.ctx, self._FIELDS[key], None)
-        else:
-            del self.ctx._extra[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._present())
-
-    def __len__(self) -> int:
-        return len(self._present())
 
 
 @dataclass(frozen=True)

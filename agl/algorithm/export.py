@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from agl.compute_thread import run_compute
+from agl.compute.thread import run_compute
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from agl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agl.algorithm.precision import Precision
+    from agl.compute.precision import Precision
     from agl.engines.launch import EngineSpec
 
 _DEVICE = re.compile(r"[a-z][a-z0-9_]*(:\d+)?")  # torch's spelling: "cpu", "cuda", "cuda:1", "mps"
-#: agl.algorithm.precision.PRECISIONS, spelled out so that a spec is made without importing torch
+#: agl.compute.precision.PRECISIONS, spelled out so that a spec is made without importing torch
 _PRECISIONS = ("auto", "fp32", "bf16")
 
 
@@ -49,7 +49,7 @@ class TeacherSpec:
 
     Args:
         path: its local Hugging Face folder.
-        precision: ``"auto"``, ``"fp32"`` or ``"bf16"`` (see :mod:`agl.algorithm.precision`).
+        precision: ``"auto"``, ``"fp32"`` or ``"bf16"`` (see :mod:`agl.compute.precision`).
         engine: what serves it (``agl.engines.BuiltinEngine`` / ``VllmEngine``); None: the trainer's engine.
     """
 

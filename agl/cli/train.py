@@ -351,7 +351,6 @@ def plan(config: dict[str, Any]) -> Plan:
             other_fields = fields_of(getattr(importlib.import_module(other_module), other_class)) or {}
             check_keys(sections[other], other_fields, other)
     trainer_fields = {k: v for k, v in (fields_of(Trainer.__init__) or {}).items() if k != "algorithm"}
-    move_deprecated_trainer_keys(sections["trainer"])
     trainer_kwargs = build_kwargs(trainer_fields, sections["trainer"], "trainer")
     _model_path(sections[name])
     algorithm_config = build(config_class, sections[name], name)
@@ -374,37 +373,6 @@ def plan(config: dict[str, Any]) -> Plan:
         algorithm_config,
         resolved,
     )
-
-
-def move_deprecated_trainer_keys(section: dict[str, Any]) -> None:
-    """Move ``trainer:`` keys of the pre-``serving`` Trainer (``sampling``, ``engine``, ``gateway``, ...) under
-    ``trainer.serving``, saying so on stderr, so that older config files keep working for one release."""
-    from agl.trainer.trainer import DEPRECATED_KEYWORDS
-
-    for key in [k for k in section if k in DEPRECATED_KEYWORDS]:
-        value = section.pop(key)
-        serving = section.setdefault("serving", {})
-        if not isinstance(serving, dict):
-            raise ConfigProblem(f"trainer.serving must be a mapping of keys, got {serving!r}")
-        if key == "gateway":
-            if not isinstance(value, dict):
-                raise ConfigProblem(f"trainer.gateway must be a mapping of keys, got {value!r}")
-            moved = dict(value)
-        elif key == "engine_options":
-            moved = {"engine": {"options": value}}
-        else:
-            moved = {_SERVING_KEY.get(key, key): value}
-        for target, item in moved.items():
-            if target in serving:
-                raise ConfigProblem(
-                    f"trainer.{key} and trainer.serving.{target} say the same: keep trainer.serving"
-                )
-            serving[target] = item
-        new = ", ".join(f"trainer.serving.{target}" for target in moved) or "trainer.serving"
-        typer.secho(f"agl train: trainer.{key} is deprecated; use {new}", err=True, fg="yellow")
-
-
-_SERVING_KEY = {"gateway_host": "host", "gateway_port": "port"}  # renamed inside Serving
 
 
 def _default(function: Callable[..., Any], name: str) -> Any:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from agl.compute_thread import run_compute
+from agl.compute.thread import run_compute
 from agl.errors import ConfigError
 from agl.gateway.config import UpstreamConfig
 

@@ -148,7 +148,7 @@ class VllmServer:
         return cmd + self.extra_args
 
     def _gpu_utilization(self, budget_gb: float) -> float:
-        from agl.algorithm.memory import GB, gpu_memory_utilization
+        from agl.compute.memory import GB, gpu_memory_utilization
 
         total = self.gpu_total_gb
         if total is None:

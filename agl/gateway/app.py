@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from agl import semconv as sc
+from agl.asgi_server import BackgroundServer
 from agl.errors import GatewayError, NotFoundError, StoreUnavailableError
 from agl.gateway import anthropic
 from agl.gateway.config import GatewayConfig, UpstreamConfig
@@ -43,7 +44,6 @@ from agl.gateway.validation import API_PATHS, HTTPError, parse_request, tracepar
 from agl.schemas.rollout import RolloutCreate
 from agl.schemas.span import Span
 from agl.semconv import AGENT_NAME
-from agl.serving import BackgroundServer
 from agl.store.base import LightningStore
 from agl.tracer.writer import SpanWriter
 

@@ -121,7 +121,7 @@ class RayLauncher:
             return asyncio.run(self._fit(trainer, agent, list(train), list(val)))
 
     async def _fit(self, trainer: Trainer, agent: LitAgent, train: Sequence[Any], val: Sequence[Any]) -> Any:
-        from agl.serving import BackgroundServer
+        from agl.asgi_server import BackgroundServer
         from agl.store.server import create_app
         from agl.trainer.fit import _open_store, _serve_model, algorithm_entry, served_model
 

@@ -6,16 +6,12 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import sys
 import time
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
-
-from typing_extensions import deprecated
+from typing import TYPE_CHECKING, Any
 
 from agl.agent.base import LitAgent
 from agl.errors import ConfigError
@@ -27,90 +23,9 @@ from agl.trainer.serving import Serving
 
 if TYPE_CHECKING:
     from agl.algorithm.base import Algorithm, AlgorithmFn
-    from agl.engines.launch import EngineSpec
 
 #: where ``fit`` writes when ``output_dir`` is not given: ``results/<run name>-<timestamp>``
 RESULTS_ROOT = "results"
-
-
-if TYPE_CHECKING:
-    GatewaySettings = Serving  # the name before Serving; importing it warns (see __getattr__)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "GatewaySettings":
-        return gateway_settings_alias()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def gateway_settings_alias(stacklevel: int = 3) -> type[Serving]:
-    """``Serving``, for the deprecated name ``GatewaySettings`` (warns where the name is used)."""
-    warnings.warn(
-        "agl.trainer.GatewaySettings is deprecated; use agl.Serving (the same fields, plus engine and sampling)",
-        DeprecationWarning,
-        stacklevel=stacklevel,
-    )
-    return Serving
-
-
-#: Trainer's keyword arguments before ``serving=``: each still works for one release, with a
-#: DeprecationWarning naming its new spelling
-DEPRECATED_KEYWORDS: dict[str, str] = {
-    "sampling": "serving=agl.Serving(sampling=...)",
-    "engine": "serving=agl.Serving(engine=...)",
-    "engine_options": "serving=agl.Serving(engine=agl.engines.BuiltinEngine(options))",
-    "gateway": "serving=agl.Serving(host=..., port=..., public_host=..., token=..., admin_token=...)",
-    "gateway_host": "serving=agl.Serving(host=...)",
-    "gateway_port": "serving=agl.Serving(port=...)",
-    "public_host": "serving=agl.Serving(public_host=...)",
-}
-
-
-def serving_from_deprecated(serving: Serving | None, old: Mapping[str, Any], stacklevel: int = 3) -> Serving:
-    """``serving``, or the Serving the pre-``serving`` keywords in ``old`` describe (each one warns).
-
-    Raises:
-        TypeError: a keyword Trainer never took.
-        ConfigError: ``serving`` together with old keywords, or two old ones that say the same thing.
-    """
-    unknown = sorted(set(old) - set(DEPRECATED_KEYWORDS))
-    if unknown:
-        raise TypeError(f"Trainer() got an unexpected keyword argument {unknown[0]!r}")
-    for key in old:
-        warnings.warn(
-            f"Trainer({key}=...) is deprecated; use Trainer({DEPRECATED_KEYWORDS[key]})",
-            DeprecationWarning,
-            stacklevel=stacklevel,
-        )
-    if not old:
-        return serving or Serving()
-    if serving is not None:
-        raise ConfigError(f"pass serving=agl.Serving(...) or the deprecated {', '.join(old)}, not both")
-    if "engine" in old and "engine_options" in old:
-        raise ConfigError(
-            "pass engine= or engine_options= (both are serving=agl.Serving(engine=...) now), not both"
-        )
-    gateway_fields = [k for k in ("gateway_host", "gateway_port", "public_host") if old.get(k) is not None]
-    base = old.get("gateway") or Serving()
-    if old.get("gateway") is not None and gateway_fields:
-        raise ConfigError(
-            "pass the gateway's host/port/public_host either in gateway=... or as "
-            "gateway_host/gateway_port/public_host, not both (serving=agl.Serving(host=..., ...) replaces both)"
-        )
-    from agl.engines.launch import BuiltinEngine
-
-    changes: dict[str, Any] = {
-        "host": old.get("gateway_host") or base.host,
-        "port": old.get("gateway_port") or base.port,
-        "public_host": old.get("public_host") or base.public_host,
-    }
-    if old.get("sampling") is not None:
-        changes["sampling"] = old["sampling"]
-    if old.get("engine") is not None:
-        changes["engine"] = old["engine"]
-    elif old.get("engine_options") is not None:
-        changes["engine"] = BuiltinEngine(old["engine_options"])
-    return dataclasses.replace(base, **changes)
 
 
 class Trainer:
@@ -131,13 +46,8 @@ class Trainer:
             task LLM from the latest resources).
         trackers: experiment trackers the algorithm's metrics go to (``"tensorboard"``, ``"wandb"``,
             ``"mlflow"``; see :mod:`agl.trackers`); None: TensorBoard, and wandb when its env is set.
-
-    The keywords ``sampling``, ``engine``, ``engine_options``, ``gateway``, ``gateway_host``,
-    ``gateway_port`` and ``public_host`` still work for one release, with a DeprecationWarning naming the
-    ``serving=agl.Serving(...)`` spelling.
     """
 
-    @overload
     def __init__(
         self,
         algorithm: Algorithm | AlgorithmFn | None = None,
@@ -148,39 +58,6 @@ class Trainer:
         serving: Serving | None = None,
         initial_resources: dict[str, Resource] | None = None,
         trackers: Sequence[str] | None = None,
-    ) -> None: ...
-
-    @overload
-    @deprecated("Trainer's sampling/engine/engine_options/gateway*/public_host: use serving=agl.Serving(...)")
-    def __init__(
-        self,
-        algorithm: Any = None,
-        *,
-        store: LightningStore | str | None = None,
-        n_runners: int = 4,
-        output_dir: str | None = None,
-        initial_resources: dict[str, Resource] | None = None,
-        trackers: Sequence[str] | None = None,
-        sampling: dict[str, Any] | None = None,
-        engine_options: dict[str, Any] | None = None,
-        engine: EngineSpec | None = None,
-        gateway: Serving | None = None,
-        gateway_host: str | None = None,
-        gateway_port: int | None = None,
-        public_host: str | None = None,
-    ) -> None: ...
-
-    def __init__(
-        self,
-        algorithm: Algorithm | AlgorithmFn | None = None,
-        *,
-        store: LightningStore | str | None = None,
-        n_runners: int = 4,
-        output_dir: str | None = None,
-        serving: Serving | None = None,
-        initial_resources: dict[str, Resource] | None = None,
-        trackers: Sequence[str] | None = None,
-        **deprecated_keywords: Any,
     ) -> None:
         if n_runners < 0:
             raise ConfigError(f"n_runners must be >= 0 (0: only external runners), got {n_runners}")
@@ -192,7 +69,7 @@ class Trainer:
         self.store = store
         self.n_runners = n_runners
         self.output_dir = output_dir
-        self.serving = serving_from_deprecated(serving, deprecated_keywords)
+        self.serving = serving or Serving()
         self.initial_resources = dict(initial_resources or {})
         self.trackers = None if trackers is None else check_names(trackers)
         #: the output folder of the latest ``fit`` (``output_dir``, or the per-run default)

@@ -256,7 +256,7 @@ class SimulatedLMServer:
     """``with SimulatedLMServer() as server: server.base_url`` serves a :class:`SimulatedLM` on loopback."""
 
     def __init__(self, model: SimulatedLM | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
-        from agl.serving import BackgroundServer
+        from agl.asgi_server import BackgroundServer
 
         self.model = model or SimulatedLM()
         self._server = BackgroundServer(simulated_lm_app(self.model), host=host, port=port)

@@ -10,7 +10,7 @@ import torch
 from agl.adapter import Sample
 from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.model import collate
-from agl.algorithm.precision import autocast
+from agl.compute.precision import autocast
 
 
 async def engine_logprob_gaps(

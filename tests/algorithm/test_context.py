@@ -105,15 +105,3 @@ async def test_publish_policy_without_a_served_model_says_to_run_through_fit() -
     ctx = TrainingContext(store=InMemoryLightningStore())
     with pytest.raises(ConfigError, match="Trainer.fit"):
         await ctx.publish_policy()
-
-
-def test_extra_and_sync_weights_still_work_with_a_deprecation_warning() -> None:
-    ctx = TrainingContext(store=InMemoryLightningStore())
-    tools = [{"type": "function", "function": {"name": "calc"}}]
-    with pytest.warns(DeprecationWarning, match="typed fields"):
-        ctx.extra["tools"] = tools
-    assert ctx.tools == tools
-    with pytest.warns(DeprecationWarning, match="typed fields"):
-        assert "gateway" not in ctx.extra and dict(ctx.extra) == {"tools": tools}
-    with pytest.warns(DeprecationWarning, match="publish_policy"):
-        assert ctx.sync_weights is None  # no engine is served

@@ -26,7 +26,7 @@ import agl
 from agl.algorithm.base import TrainingContext
 from agl.algorithm.export import INFO_FILE, BestExport, export_policy, export_trained, write_atomically
 from agl.algorithm.grpo import GRPO, GRPOConfig
-from agl.algorithm.grpo.loss import LossConfig
+from agl.algorithm.policy.loss import LossConfig
 from agl.algorithm.policy.model import Policy, PolicyConfig
 from agl.algorithm.sft import SFT, SFTConfig, train_from_store
 from agl.errors import ConfigError

@@ -19,7 +19,8 @@ import torch
 
 from agl.adapter import Sample
 from agl.algorithm.grpo import LossConfig
-from agl.algorithm.memory import (
+from agl.algorithm.policy.model import Policy, PolicyConfig
+from agl.compute.memory import (
     GB,
     MAX_AUTO_TOKENS,
     PROBE_TOKENS,
@@ -31,8 +32,7 @@ from agl.algorithm.memory import (
     release_free_memory,
     step_peaks,
 )
-from agl.algorithm.policy.model import Policy, PolicyConfig
-from agl.algorithm.precision import Precision
+from agl.compute.precision import Precision
 from agl.errors import ConfigError
 from agl.models import tiny_model
 

@@ -90,7 +90,7 @@ def test_a_spec_holds_adapters_per_agent_and_a_teacher_read_only() -> None:
 
 def test_the_precisions_a_spec_takes_are_the_policys() -> None:
     from agl.algorithm import spec
-    from agl.algorithm.precision import PRECISIONS
+    from agl.compute.precision import PRECISIONS
 
     assert spec._PRECISIONS == PRECISIONS
 

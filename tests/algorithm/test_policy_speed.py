@@ -11,9 +11,9 @@ import torch
 
 from agl.adapter import Sample
 from agl.algorithm.grpo import LossConfig
-from agl.algorithm.memory import PLAIN_CPU_TOKENS, plain_tokens_for
 from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.model import Policy, PolicyConfig
+from agl.compute.memory import PLAIN_CPU_TOKENS, plain_tokens_for
 from agl.models import tiny_model
 from tests.support.gradients import batch_gradient
 

@@ -12,8 +12,8 @@ import torch
 from agl.adapter import Sample
 from agl.algorithm.grpo import GRPOConfig, LossConfig
 from agl.algorithm.policy.model import Policy, PolicyConfig
-from agl.algorithm.precision import cpu_has_native_bf16, resolve_precision
 from agl.algorithm.sft import SFTConfig
+from agl.compute.precision import cpu_has_native_bf16, resolve_precision
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from tests.algorithm.engine_gaps import engine_logprob_gaps
@@ -29,9 +29,9 @@ def test_auto_follows_the_cpu_and_the_environment(monkeypatch: pytest.MonkeyPatc
     assert resolve_precision("fp32", "cpu") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"
     assert resolve_precision("auto", "cpu") == ("bf16" if cpu_has_native_bf16() else "fp32")
     assert resolve_precision("auto", "cuda") == "fp32"  # not measured on a GPU yet: unchanged there
-    monkeypatch.setattr("agl.algorithm.precision.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("agl.compute.precision.cpu_has_native_bf16", lambda: False)
     assert resolve_precision("auto", "cpu") == "fp32"  # emulated bf16 would be slower than fp32
-    monkeypatch.setattr("agl.algorithm.precision.cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr("agl.compute.precision.cpu_has_native_bf16", lambda: True)
     assert resolve_precision("auto", "cpu") == "bf16"
     monkeypatch.setenv("AGL_PRECISION", "fp32")
     assert resolve_precision("auto", "cpu") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"
@@ -43,7 +43,7 @@ def test_auto_follows_the_cpu_and_the_environment(monkeypatch: pytest.MonkeyPatc
 def test_bf16_on_a_cpu_without_it_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
     import warnings
 
-    from agl.algorithm import precision
+    from agl.compute import precision
 
     monkeypatch.delenv("AGL_PRECISION", raising=False)
     precision._warn_emulated_bf16.cache_clear()

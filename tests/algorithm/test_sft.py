@@ -11,8 +11,8 @@ import torch
 
 import agl
 from agl import semconv as sc
-from agl.algorithm.grpo.loss import LossConfig
 from agl.algorithm.policy.logprobs import token_logprobs
+from agl.algorithm.policy.loss import LossConfig
 from agl.algorithm.policy.model import Policy, PolicyConfig, collate, sft_loss
 from agl.algorithm.sft import SFT, SFTConfig, export_jsonl, samples_from_messages, select_rollouts
 from agl.engines.builtin.prompts import render_chat_text

@@ -137,43 +137,13 @@ def test_sections_overrides_and_nested_values_resolve(tmp_path: Path) -> None:
     assert plan(config).resolved["trainer"]["serving"]["token"] is None
 
 
-def test_the_pre_serving_trainer_keys_still_work_and_say_their_new_spelling(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    old = [
-        "trainer.sampling={temperature: 0.5}",
-        "trainer.engine_options={device: cpu}",
-        "trainer.gateway={host: 0.0.0.0, token: t0k}",
-        "trainer.gateway_port=6000",
-        "trainer.public_host=trainer.lan",
-    ]
-    run = plan(merge(None, {"algorithm": "grpo"}, ["grpo.model_path=m", *old]))
-    serving = run.trainer_kwargs["serving"]
-    assert serving.sampling == {"temperature": 0.5} and serving.engine.options == {"device": "cpu"}
-    assert (serving.host, serving.port, serving.public_host, serving.token) == (
-        "0.0.0.0",
-        6000,
-        "trainer.lan",
-        "t0k",
-    )
-    err = capsys.readouterr().err
-    for key, new in [
-        ("sampling", "trainer.serving.sampling"),
-        ("engine_options", "trainer.serving.engine"),
-        ("gateway", "trainer.serving.host, trainer.serving.token"),
-        ("gateway_port", "trainer.serving.port"),
-        ("public_host", "trainer.serving.public_host"),
-    ]:
-        assert f"agl train: trainer.{key} is deprecated; use {new}" in err, (key, err)
-    assert run.resolved["trainer"]["serving"]["port"] == 6000 and "gateway" not in run.resolved["trainer"]
-    with pytest.raises(ConfigProblem, match="trainer.gateway_port and trainer.serving.port say the same"):
-        plan(
-            merge(
-                None,
-                {"algorithm": "grpo"},
-                ["grpo.model_path=m", "trainer.serving.port=1", "trainer.gateway_port=2"],
-            )
-        )
+@pytest.mark.parametrize(
+    "override", ["trainer.sampling={temperature: 0.5}", "trainer.gateway_port=6000", "trainer.public_host=h"]
+)
+def test_a_serving_key_directly_under_trainer_is_refused_naming_the_valid_keys(override: str) -> None:
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigProblem, match=f"unknown key {key}; valid keys of trainer: .*serving"):
+        plan(merge(None, {"algorithm": "grpo"}, ["grpo.model_path=m", override]))
 
 
 def test_apo_builds_its_llm_endpoints_and_keeps_their_keys_out_of_the_saved_config(tmp_path: Path) -> None:

@@ -22,11 +22,11 @@ import pytest
 from openai.types.chat import ChatCompletionFunctionToolParam
 
 import agl
+from agl.asgi_server import BackgroundServer
 from agl.dashboard import mount_dashboard
 from agl.gateway import Gateway, GatewayConfig
 from agl.metrics import MetricsLogger
 from agl.schemas import LLM, PromptTemplate, RetryConfig, RolloutCreate
-from agl.serving import BackgroundServer
 from agl.store import SqliteLightningStore
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app

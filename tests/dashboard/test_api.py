@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from agl import semconv as sc
+from agl.asgi_server import BackgroundServer
 from agl.dashboard import standalone_app
-from agl.serving import BackgroundServer
 from tests.dashboard.conftest import API_KEY, CRITIQUE, PROMPT_V1, TOKEN, Filled
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -322,7 +322,7 @@ def test_restart_serves_an_exported_policy_folder_and_ends_the_old_process_group
     import torch
 
     from agl.algorithm.export import export_policy
-    from agl.algorithm.grpo.loss import LossConfig
+    from agl.algorithm.policy.loss import LossConfig
     from agl.algorithm.policy.model import Policy, PolicyConfig
 
     torch.manual_seed(3)

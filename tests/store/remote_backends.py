@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from agl.serving import BackgroundServer
+from agl.asgi_server import BackgroundServer
 from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agl import semconv as sc
+from agl.asgi_server import BackgroundServer
 from agl.schemas import AttemptStatus, RolloutCreate, Span
-from agl.serving import BackgroundServer
 from agl.store import InMemoryLightningStore, SqliteLightningStore
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app

@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from agl import semconv as sc
+from agl.asgi_server import BackgroundServer
 from agl.schemas import RolloutCreate
-from agl.serving import BackgroundServer
 from agl.store import InMemoryLightningStore, SqliteLightningStore
 from agl.store.server import create_app
 

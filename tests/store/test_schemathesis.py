@@ -19,8 +19,8 @@ try:
 except ImportError as exc:  # never a silent skip: the dev extra provides it
     raise ImportError("schemathesis is missing; install the dev extra: pip install -e '.[dev]'") from exc
 
+from agl.asgi_server import BackgroundServer
 from agl.schemas import RolloutCreate
-from agl.serving import BackgroundServer
 from agl.store import InMemoryLightningStore
 from agl.store.server import create_app
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from agl.asgi_server import BackgroundServer
 from agl.errors import NotFoundError, UnauthorizedError
 from agl.schemas import AttemptStatus, RolloutCreate
-from agl.serving import BackgroundServer
 from agl.store import InMemoryLightningStore, open_store
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agl.serving import BackgroundServer
+from agl.asgi_server import BackgroundServer
 
 FailureMode = Literal["500", "503", "429", "hang", "close"]
 

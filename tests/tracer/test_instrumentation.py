@@ -223,7 +223,7 @@ def engine_like() -> Any:
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from agl.serving import BackgroundServer
+    from agl.asgi_server import BackgroundServer
 
     app = Starlette(
         routes=[

@@ -80,7 +80,7 @@ class Mean(Algorithm):
 
 
 def _agl_threads() -> set[str]:
-    # the memory monitor is one daemon per process by design (agl.algorithm.memory.shared_monitor)
+    # the memory monitor is one daemon per process by design (agl.compute.memory.shared_monitor)
     names = {t.name for t in threading.enumerate() if t.name.startswith("agl")}
     return names - {"agl-memory-monitor"}
 
@@ -142,7 +142,7 @@ def test_custom_algorithm_and_function_form(tmp_path: Path) -> None:
 
 def test_an_object_that_is_no_algorithm_is_refused_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no agl.Algorithm and no async function"):
-        agl.Trainer(algorithm=object(), output_dir=str(tmp_path)).fit(echo_agent, [1])
+        agl.Trainer(algorithm=object(), output_dir=str(tmp_path)).fit(echo_agent, [1])  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="n_runners=0"):
         agl.Trainer(algorithm=Mean(), n_runners=0, output_dir=str(tmp_path)).fit(echo_agent, [1])
     with pytest.raises(ConfigError, match="n_runners must be >= 0"):

@@ -14,7 +14,6 @@ from openai.types.chat import ChatCompletionMessageParam
 
 import agl
 from agl.algorithm.base import Algorithm, TrainingContext
-from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.trainer.fit import gateway_client_token
 
@@ -116,20 +115,14 @@ def test_fit_guards_its_gateway_beyond_loopback_and_closes_every_client(tmp_path
     assert "Unclosed" not in done.stderr and "ResourceWarning" not in done.stderr, done.stderr[-3000:]
 
 
-def test_serving_settings_and_the_old_keywords() -> None:
+def test_serving_settings_choose_the_client_token_and_keep_it_out_of_repr() -> None:
     assert gateway_client_token(agl.Serving()) is None  # loopback: model routes stay open, as before
     assert gateway_client_token(agl.Serving(host="::1")) is None
     assert gateway_client_token(agl.Serving(host="localhost", token="t")) == "t"  # chosen: on loopback too
     assert gateway_client_token(agl.Serving(host="10.1.2.3", token="mine")) == "mine"
     assert not agl.Serving(host="trainer.lan").loopback
-    with pytest.warns(DeprecationWarning):
-        old = agl.Trainer(gateway_host="0.0.0.0", gateway_port=8123, public_host="trainer.lan")
-    assert old.serving == agl.Serving(host="0.0.0.0", port=8123, public_host="trainer.lan")
-    assert (old.serving.host, old.serving.port, old.serving.public_host) == ("0.0.0.0", 8123, "trainer.lan")
     assert "token" not in repr(agl.Serving(token="secret-value")).replace("token=", "")
     assert "secret-value" not in repr(agl.Serving(token="secret-value"))
-    with pytest.raises(ConfigError, match="not both"), pytest.warns(DeprecationWarning):
-        agl.Trainer(gateway=agl.Serving(), gateway_host="0.0.0.0")
 
 
 class WriteOne(Algorithm):

@@ -24,9 +24,9 @@ from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed, rollout_failures
-from agl.algorithm.memory import step_peaks
 from agl.algorithm.spec import ModelSpec
-from agl.compute_thread import run_compute
+from agl.compute.memory import step_peaks
+from agl.compute.thread import run_compute
 from agl.errors import ConfigError
 
 if TYPE_CHECKING:

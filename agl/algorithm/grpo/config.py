@@ -7,9 +7,9 @@ from typing import Literal
 
 from agl.algorithm.grpo.advantages import BASELINES, Baseline, StdScale, std_scale
 from agl.algorithm.grpo.warm_start import WarmStart
-from agl.algorithm.memory import check_settings
 from agl.algorithm.policy.loss import LossConfig
-from agl.algorithm.precision import Precision, check_precision
+from agl.compute.memory import check_settings
+from agl.compute.precision import Precision, check_precision
 from agl.errors import ConfigError
 
 
@@ -24,12 +24,12 @@ class GRPOConfig:
     lr: float = 1e-5
     max_grad_norm: float = 1.0
     # memory: "auto" sizes micro-batches to memory_budget_gb (None: a share of the free RAM or VRAM) and
-    # recomputes activations in backward on CPU, where it is no slower (agl/algorithm/memory.py)
+    # recomputes activations in backward on CPU, where it is no slower (agl/compute/memory.py)
     micro_batch_tokens: int | Literal["auto"] = "auto"
     activation_checkpointing: bool | Literal["auto"] = "auto"
     memory_budget_gb: float | None = None
     # "auto": the policy's and the built-in engine's matmuls in bf16 on a CPU with native bf16 (2x faster
-    # steps there), else fp32; "fp32" or "bf16" to choose (agl/algorithm/precision.py)
+    # steps there), else fp32; "fp32" or "bf16" to choose (agl/compute/precision.py)
     precision: Precision = "auto"
     # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
     # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)
@@ -64,7 +64,7 @@ class GRPOConfig:
     max_staleness: int = 1
     world_size: int = 1  # > 1: data-parallel policy steps over torch.distributed (policy/distributed.py)
     # "fsdp": the world_size ranks shard parameters, gradients and optimizer state with FSDP2 (bf16
-    # compute on CUDA) instead of each holding the full model (agl/algorithm/sharding.py)
+    # compute on CUDA) instead of each holding the full model (agl/algorithm/policy/sharding.py)
     sharding: Literal["none", "fsdp"] = "none"
     device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Serving(engine=BuiltinEngine(...))
     # every rollout of the baseline evaluation or the first step failed: stop with the first error

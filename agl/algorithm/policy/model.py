@@ -2,7 +2,7 @@
 
 Micro-batches are cut by a token limit; each adds its share of the batch loss (aggregation weights
 are computed over the whole batch), so accumulation gives the same gradient as one big batch. The
-limit is sized to a memory budget (:mod:`agl.algorithm.memory`): a micro-batch whose peak goes over it
+limit is sized to a memory budget (:mod:`agl.compute.memory`): a micro-batch whose peak goes over it
 restarts the step's accumulation with smaller micro-batches, which changes nothing in the gradient. Under
 torch.distributed each rank backpropagates its shard of the samples and the gradients are summed
 (:mod:`agl.algorithm.policy.distributed`), which gives the same gradient again.
@@ -22,7 +22,11 @@ from typing import Any
 import torch
 
 from agl.adapter.trajectory import Sample
-from agl.algorithm.memory import (
+from agl.algorithm.policy import collective
+from agl.algorithm.policy.logprobs import token_logprobs
+from agl.algorithm.policy.loss import LossConfig, grpo_loss, token_weights
+from agl.algorithm.policy.prefix import PrefixRows, SharedPrefixes, shares
+from agl.compute.memory import (
     GB,
     Checkpointing,
     MicroBatchSizer,
@@ -34,11 +38,7 @@ from agl.algorithm.memory import (
     release_free_memory,
     shared_monitor,
 )
-from agl.algorithm.policy import collective
-from agl.algorithm.policy.logprobs import token_logprobs
-from agl.algorithm.policy.loss import LossConfig, grpo_loss, token_weights
-from agl.algorithm.policy.prefix import PrefixRows, SharedPrefixes, shares
-from agl.algorithm.precision import Precision, autocast, resolve_precision
+from agl.compute.precision import Precision, autocast, resolve_precision
 from agl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class PolicyConfig:
     seed: int = 0
     device: str = "cpu"  # "cuda" trains on the GPU
     memory_budget_gb: float | None = None  # None: a fraction of the RAM (or VRAM) this process could have
-    # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
+    # "auto": bf16 autocast on a CPU with native bf16 (agl/compute/precision.py)
     precision: Precision = "auto"
     # run a prompt prefix that several samples share once per micro-batch (agl/algorithm/policy/prefix.py)
     share_prefixes: bool = True

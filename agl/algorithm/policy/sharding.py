@@ -28,9 +28,9 @@ import torch
 import torch.distributed as dist
 
 from agl.adapter.trajectory import Sample
-from agl.algorithm.memory import checkpointing_for, release_free_memory
 from agl.algorithm.policy import collective
 from agl.algorithm.policy.model import Policy, _next_group, enable_activation_checkpointing, padded_tokens
+from agl.compute.memory import checkpointing_for, release_free_memory
 from agl.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class ShardedPolicy(Policy):
     def _idle_pass(self) -> None:
         """A forward and backward with zero loss: this rank's part of the collectives of a micro-batch."""
         from agl.algorithm.policy.logprobs import token_logprobs
-        from agl.algorithm.precision import autocast
+        from agl.compute.precision import autocast
 
         ids = torch.full((1, 2), self.pad_id, dtype=torch.long, device=self.device)
         attention = torch.ones_like(ids)

@@ -22,7 +22,6 @@ from agl.adapter import Sample
 from agl.algorithm.base import Algorithm, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_trained
 from agl.algorithm.health import Failures, check_not_all_failed, rollout_failures
-from agl.algorithm.memory import step_peaks
 from agl.algorithm.sft.config import SFTConfig
 from agl.algorithm.sft.offline import load_selection
 from agl.algorithm.sft.samples import (
@@ -33,7 +32,8 @@ from agl.algorithm.sft.samples import (
     select_rollouts,
 )
 from agl.algorithm.spec import ModelSpec
-from agl.compute_thread import run_compute
+from agl.compute.memory import step_peaks
+from agl.compute.thread import run_compute
 from agl.errors import ConfigError
 
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
-from agl.algorithm.memory import check_settings
-from agl.algorithm.precision import Precision, check_precision
+from agl.compute.memory import check_settings
+from agl.compute.precision import Precision, check_precision
 from agl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class SFTConfig:
     micro_batch_tokens: int | Literal["auto"] = "auto"  # "auto": the largest that fits memory_budget_gb
     activation_checkpointing: bool | Literal["auto"] = "auto"  # "auto": on for CPU, where it is no slower
     memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
-    # "auto": bf16 autocast on a CPU with native bf16 (agl/algorithm/precision.py)
+    # "auto": bf16 autocast on a CPU with native bf16 (agl/compute/precision.py)
     precision: Precision = "auto"
     # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
     # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from agl.algorithm.precision import resolve_precision
-from agl.compute_thread import run_compute
+from agl.compute.precision import resolve_precision
+from agl.compute.thread import run_compute
 from agl.engines.builtin.batch import RunningBatch, Sequence, cache_tokens, kv_bytes_per_token
 from agl.engines.builtin.embeddings import pooled
 from agl.engines.builtin.lean_decode import lean_decode_step
@@ -83,9 +83,9 @@ class Engine:
 
     ``precision``: ``"bf16"`` serves fp32 weights as bf16 (pushed fp32 weights are cast on load), ``"fp32"``
     keeps ``dtype``, ``"auto"`` is bf16 on a CPU with native bf16, resolved as the trained policy resolves
-    it (:mod:`agl.algorithm.precision`).
+    it (:mod:`agl.compute.precision`).
     ``max_batch_size`` bounds the sequences decoded together, and ``kv_cache_gb`` their KV cache and the
-    prefix cache together (None: a quarter of the process's memory budget, :mod:`agl.algorithm.memory`,
+    prefix cache together (None: a quarter of the process's memory budget, :mod:`agl.compute.memory`,
     which a trainer in the same process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
     ``batch_wait_s`` after the first request so a burst is prefilled at once. ``prefix_cache_share``: the
     part of the KV budget that keeps finished sequences, so that an agent's next turn (or a sibling with the
@@ -175,7 +175,7 @@ class Engine:
         self._update_lock: asyncio.Lock | None = None
 
     def _kv_cache_tokens(self, kv_cache_gb: float | None, dtype: torch.dtype) -> int:
-        from agl.algorithm.memory import ENGINE_SHARE, budget_bytes
+        from agl.compute.memory import ENGINE_SHARE, budget_bytes
 
         if kv_cache_gb is not None and kv_cache_gb <= 0:
             raise ConfigError(f"kv_cache_gb must be > 0, got {kv_cache_gb}")

@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from agl.asgi_server import BackgroundServer
 from agl.engines.builtin.embeddings import EmbeddingsRequest, embeddings_body, token_inputs
 from agl.engines.builtin.engine import Engine, Generation, StreamDelta
 from agl.engines.builtin.protocol import (
@@ -36,7 +37,6 @@ from agl.engines.builtin.protocol import (
 )
 from agl.engines.builtin.responses import ResponsesRequest, response_body, stream_events, to_chat
 from agl.errors import ConfigError, InvalidRequestError
-from agl.serving import BackgroundServer
 
 logger = logging.getLogger(__name__)
 

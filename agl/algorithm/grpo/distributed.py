@@ -1,7 +1,0 @@
-"""Moved to :mod:`agl.algorithm.policy.distributed` (the policy is shared by GRPO and SFT); this name stays an alias of that module."""
-
-import sys
-
-import agl.algorithm.policy.distributed
-
-sys.modules[__name__] = agl.algorithm.policy.distributed
