@@ -30,7 +30,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agl.schemas import AttemptStatus, RolloutCreate, Span  # noqa: E402
-from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore, open_store  # noqa: E402
+from agl.store import (  # noqa: E402
+    InMemoryLightningStore,
+    LightningStore,
+    SqliteLightningStore,
+    StoreWithReadModel,
+    open_store,
+)
 
 
 def attribute_pool(n: int, seed: int, target_bytes: int = 6000) -> list[dict[str, Any]]:
@@ -127,7 +133,7 @@ async def runner(
         rollouts += 1
 
 
-def make_store(backend: str, workdir: str) -> LightningStore:
+def make_store(backend: str, workdir: str) -> StoreWithReadModel:
     if backend == "memory":
         return InMemoryLightningStore()
     if backend == "sqlite":

@@ -148,7 +148,8 @@ def test_a_users_mypy_sees_real_types_and_catches_a_wrong_argument(tmp_path: Pat
         '"agl.agent.base.FunctionAgent[[task: str, llm: agl.schemas.resources.LLM], '
         'typing.Coroutine[Any, Any, float]]"'
     )
-    assert "-> agl.store.base.LightningStore" in revealed[17], revealed[17]
+    # a backend: the lifecycle core (``LightningStore``) and the read model the dashboard reads
+    assert "-> agl.store.read_model.StoreWithReadModel" in revealed[17], revealed[17]
     assert 'Unexpected keyword argument "n_runner"' in lines[18] and 'did you mean "n_runners"' in lines[18]
     assert 'Argument "port" to "Serving" has incompatible type "str"; expected "int"' in lines[19]
     assert 'Unexpected keyword argument "sampling" for "Trainer"' in lines[20]  # it is Serving's now

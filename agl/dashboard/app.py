@@ -1,10 +1,10 @@
 """The dashboard as an ASGI app: a static page under ``/ui`` and its JSON API under ``/ui/api``.
 
-It reads everything through the async :class:`LightningStore` API, so it serves a local backend (inside
-``agl store serve``) or a remote one (``agl dashboard --store URL``, through ``LightningStoreClient``)
-alike. With a token, every ``/ui/api`` call needs ``Authorization: Bearer <token>``; the page and its
-scripts hold no data and load without it (the page takes the token from ``?token=`` once and keeps it
-in the tab's sessionStorage).
+It reads everything through the async store API and its read model (``StoreWithReadModel``), so it
+serves a local backend (inside ``agl store serve``) or a remote one (``agl dashboard --store URL``,
+through ``LightningStoreClient``) alike. With a token, every ``/ui/api`` call needs ``Authorization:
+Bearer <token>``; the page and its scripts hold no data and load without it (the page takes the token
+from ``?token=`` once and keeps it in the tab's sessionStorage).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.dashboard import training, views
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
-from agl.store.base import LightningStore, ListedRollout, RolloutSearch, RolloutSort
+from agl.store.read_model import ListedRollout, RolloutSearch, RolloutSort, StoreWithReadModel
 
 STATIC = Path(__file__).parent / "static"
 PREFIX = "/ui"
@@ -129,7 +129,7 @@ def _view(x: ListedRollout) -> dict[str, Any]:
 
 
 def create_dashboard(
-    store: LightningStore, *, token: str | None = None, metrics_dir: str | Path | None = None
+    store: StoreWithReadModel, *, token: str | None = None, metrics_dir: str | Path | None = None
 ) -> Starlette:
     """The dashboard over ``store``: the page at ``/ui/``, the JSON API at ``/ui/api/...``.
 
@@ -503,7 +503,7 @@ def create_dashboard(
 
 
 def mount_dashboard(
-    app: Any, store: LightningStore, *, token: str | None = None, metrics_dir: str | Path | None = None
+    app: Any, store: StoreWithReadModel, *, token: str | None = None, metrics_dir: str | Path | None = None
 ) -> Any:
     """``app`` (e.g. the store server) with the dashboard answering every path under ``/ui``."""
     ui = create_dashboard(store, token=token, metrics_dir=metrics_dir)
@@ -519,7 +519,7 @@ def mount_dashboard(
 
 
 def standalone_app(
-    store: LightningStore, *, token: str | None = None, metrics_dir: str | Path | None = None
+    store: StoreWithReadModel, *, token: str | None = None, metrics_dir: str | Path | None = None
 ) -> Any:
     """The dashboard on its own (``agl dashboard``): ``/`` leads to ``/ui/``; the store is closed on shutdown."""
 

@@ -17,7 +17,7 @@ import orjson
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.schemas import LLMCall, ModelWeights, PromptTemplate, ResourcesVersion, Rollout, Span
-from agl.store.base import duration_s
+from agl.store.read_model import duration_s
 
 #: attributes too bulky to ship to a browser; the view keeps their length instead
 _BULKY = (

@@ -1,5 +1,7 @@
 """The LightningStore: task queue, versioned resources and spans.
 
+:class:`LightningStore` is the lifecycle core that runners, the trainer and algorithms use; every backend
+also serves the read model the dashboard reads (``agl.store.read_model``): :class:`StoreWithReadModel`.
 Backends: :class:`InMemoryLightningStore` and :class:`SqliteLightningStore` (the embedded default);
 remote and PostgreSQL backends live beside them. :func:`open_store` picks one by URL.
 """
@@ -9,15 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from agl.errors import ConfigError
-from agl.store.base import LightningStore, Page, StoreStatistics
+from agl.store.base import LightningStore, Page
 from agl.store.memory import InMemoryLightningStore
+from agl.store.read_model import StoreReadModel, StoreStatistics, StoreWithReadModel
 from agl.store.sqlite import SqliteLightningStore
 from agl.store.sync import SyncLightningStore
 
 DEFAULT_STORE_URL = "sqlite:///agl-store.db"
 
 
-def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> LightningStore:
+def open_store(url: str = DEFAULT_STORE_URL, **options: Any) -> StoreWithReadModel:
     """A store for ``url``: ``memory://``, ``sqlite:///path.db`` (relative), ``sqlite:////abs/path.db``,
     ``postgresql://user@host:port/db?schema=NAME`` or ``http://host:port`` (a remote store server;
     ``token=`` or ``AGL_STORE_TOKEN``).
@@ -58,7 +61,9 @@ __all__ = [
     "LightningStore",
     "Page",
     "SqliteLightningStore",
+    "StoreReadModel",
     "StoreStatistics",
+    "StoreWithReadModel",
     "SyncLightningStore",
     "open_store",
 ]

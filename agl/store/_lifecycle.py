@@ -28,7 +28,8 @@ from agl.schemas import (
     new_id,
 )
 from agl.store import _logic
-from agl.store.base import LightningStore, Page, RolloutOrder, check_limit
+from agl.store.base import Page, RolloutOrder, check_limit
+from agl.store.read_model import StoreWithReadModel
 from agl.store.states import rollout_status_for_attempt, transition, watchdog_verdict
 
 R = TypeVar("R")
@@ -170,8 +171,9 @@ class Tables(ABC):
         """One page of ``query`` in (order, tiebreak) order, after its cursor."""
 
 
-class TableStore(LightningStore):
-    """A LightningStore whose whole lifecycle runs as units of work over :class:`Tables`."""
+class TableStore(StoreWithReadModel):
+    """A LightningStore whose whole lifecycle runs as units of work over :class:`Tables`; the backend adds
+    the rest of the read model (digests, search, statistics)."""
 
     @abstractmethod
     async def _tx(self, fn: Work[R], *, write: bool = True) -> R:
@@ -312,9 +314,6 @@ class TableStore(LightningStore):
             )
 
         return await self._tx(op)
-
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        return await self._tx(lambda t, _: self._rollout(t, rollout_id), write=False)
 
     async def _page(self, query: Query, rollout_id: str | None = None) -> Page[Any]:
         check_limit(query.limit)
@@ -524,13 +523,14 @@ class TableStore(LightningStore):
 
         return await self._tx(op, write=False)
 
-    async def get_latest_resources(self) -> ResourcesVersion | None:
-        return await self._tx(lambda t, _: t.resources(None), write=False)
+    async def query_resources(
+        self, *, descending: bool = False, limit: int = 100, cursor: str | None = None
+    ) -> Page[ResourcesVersion]:
+        return await self._page(
+            Query("resources", {}, ("version",), "resources_id", descending, limit, cursor)
+        )
 
-    async def query_resources(self, *, limit: int = 100, cursor: str | None = None) -> Page[ResourcesVersion]:
-        return await self._page(Query("resources", {}, ("version",), "resources_id", False, limit, cursor))
-
-    # ----- workers, watchdog ----------------------------------------------------------------
+    # ----- workers (``update_worker`` is the core's; the reads are the read model's), watchdog ---
     async def update_worker(
         self, worker_id: str, *, status: WorkerStatus | None = None, host: dict[str, Any] | None = None
     ) -> Worker:

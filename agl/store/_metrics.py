@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from agl.schemas import AttemptStatus, RolloutStatus
-from agl.store.base import StoreStatistics
+from agl.store.read_model import StoreStatistics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 UNMATCHED = "<unmatched>"  # one label for every path that is no route, so stray paths add no series

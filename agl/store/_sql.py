@@ -1,8 +1,8 @@
 """The SQL backends' shared half: the lifecycle's tables as SQL, and queries as keyset SQL.
 
 Each object is one JSON document (``data``) plus the columns that queries filter and sort on. The
-schema and dialects live in ``_sql_schema``, the lifecycle in ``_lifecycle`` and the connection's
-thread in ``_sqlite_thread`` (group commit).
+schema and dialects live in ``_sql_schema``, the read model in ``_sql_read``, the lifecycle in
+``_lifecycle`` and the connection's thread in ``_sqlite_thread`` (group commit).
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ from typing import Any, Generic, NamedTuple
 
 import orjson
 
-from agl.errors import NotFoundError
 from agl.schemas import (
     Attempt,
     ResourcesVersion,
     Rollout,
-    RolloutStatus,
     Span,
     Worker,
     WorkerStatus,
@@ -25,56 +23,12 @@ from agl.schemas import (
 from agl.schemas.span import spans_json
 from agl.store import _logic
 from agl.store._lifecycle import Query, R, ReadList, Reads, Tables, TableStore, Work
-from agl.store._sql_schema import (
-    DIGEST_COLUMNS,
-    LATEST_ATTEMPT,
-    SQLITE,
-    Dialect,
-    upsert_digests,
-)
+from agl.store._sql_read import SqlReadModel
+from agl.store._sql_schema import SQLITE, Dialect, upsert_digests
 from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread
-from agl.store.base import (
-    DIGEST_SLOTS,
-    AttemptDigest,
-    DigestState,
-    Kind,
-    ListedRollout,
-    Page,
-    RolloutMatches,
-    RolloutSearch,
-    StoreStatistics,
-    check_limit,
-    decode_cursor,
-    duration_s,
-    encode_cursor,
-    merge_digest,
-    resolve_digest,
-    search_text,
-    span_digest,
-)
+from agl.store.base import Kind, Page, decode_cursor, encode_cursor
+from agl.store.read_model import DigestState, duration_s, merge_digest, search_text, span_digest
 from agl.store.states import overrun
-
-_WITH_DIGEST = " LEFT JOIN digests d ON d.rollout_id=r.rollout_id AND d.attempt_id=r.attempt_id"
-# opens "the latest attempt's digest matches ...": for the reply text, one pass over the digests is
-# twice as fast as a join of every rollout when few match, and as fast when all do
-_DIGEST_IN = "(r.rollout_id, r.attempt_id) IN (SELECT d.rollout_id, d.attempt_id FROM digests d WHERE "
-#: a digest row's reply, as ``digest_values`` resolves it
-_REPLY = (
-    "CASE WHEN d.tr_seq IS NOT NULL AND (d.gw_seq IS NULL OR (d.tr_seq > d.gw_seq"
-    " AND (d.tr_id IS NULL OR d.gw_id IS NULL OR d.tr_id <> d.gw_id))) THEN d.tr_text ELSE d.gw_text END"
-)
-_SORT_VALUES = {"created": "r.pos", "reward": "COALESCE(d.rw_value, d.rl_value)", "duration": "r.duration"}
-
-
-def _digest_of(row: Sequence[Any]) -> AttemptDigest:
-    state: DigestState = {}
-    n = 3
-    for slot, (values, _) in DIGEST_SLOTS.items():
-        if row[n] is not None:
-            state[slot] = tuple(row[n : n + 1 + len(values)])
-        n += 1 + len(values)
-    return resolve_digest(row[0], row[1], row[2], state)
-
 
 # what a cursor's sort key must be for each sort column (PostgreSQL refuses to compare across types)
 _SORT_KINDS: dict[str, Kind] = {
@@ -536,78 +490,6 @@ class SqlTables(Tables):
                 deferred.flush(self.conn, self.d)
         return stored
 
-    def digests(self, rollout_ids: Sequence[str] | None, after: int, limit: int) -> Page[AttemptDigest]:
-        """Digests of latest attempts stamped after ``after``, by stamp (one more read to see if more)."""
-        p = self.p
-        where = [f"d.stamp > {p}", f"d.attempt_id={LATEST_ATTEMPT.format(t='d')}"]
-        args: list[Any] = [after]
-        if rollout_ids is not None:
-            where.append(f"d.rollout_id IN ({','.join([p] * len(rollout_ids))})" if rollout_ids else "1=0")
-            args += list(rollout_ids)
-        columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
-        rows = self.conn.execute(
-            f"SELECT {columns} FROM digests d WHERE {' AND '.join(where)} ORDER BY d.stamp LIMIT {p}",
-            (*args, limit + 1),
-        ).fetchall()
-        items = [_digest_of(r) for r in rows[:limit]]
-        return Page(items=items, next_cursor=str(items[-1].stamp) if len(rows) > limit else None)
-
-    def search(self, q: RolloutSearch) -> RolloutMatches:
-        """The matching rollouts' positions in order (joined with the latest attempts' digests only for a
-        filter or sort on them), then the page's rollouts and digests by position."""
-        p, d = self.p, self.d
-        where: list[str] = []
-        args: list[Any] = []
-        if q.status is not None:
-            where.append(f"r.status IN ({','.join([p] * len(q.status))})" if q.status else "1=0")
-            args += [s.value for s in q.status]
-        for column, value in (
-            ("r.mode", q.mode),
-            ("r.group_id", q.group_id),
-            ("r.resources_id", q.resources_id),
-            ("d.ag_name", q.agent),
-            ("d.err_type", q.error_type),
-        ):
-            if value is not None:
-                where.append(f"{column}={p}")
-                args.append(value)
-        for key, wanted in (q.metadata or {}).items():
-            where.append(d.metadata_is.format(p=p))
-            args += [key, orjson.dumps(wanted).decode()]
-        if q.text:
-            needle = q.text.lower()
-            lower = "lower" if needle.isascii() else d.lower
-            reply = d.contains.format(f"{lower}({_REPLY})", p)
-            where.append(f"({d.contains.format('r.search_text', p)} OR {_DIGEST_IN}{reply}))")
-            args += [needle, needle]
-        join = q.sort == "reward" or q.agent is not None or q.error_type is not None
-        sql = f"SELECT r.pos, COUNT(*) OVER () FROM rollouts r{_WITH_DIGEST if join else ''}"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        order = f"{_SORT_VALUES[q.sort]} {'DESC' if q.descending else 'ASC'} NULLS LAST, r.pos DESC"
-        rows = self.conn.execute(
-            f"{sql} ORDER BY {order} LIMIT {p} OFFSET {p}", (*args, q.limit, q.offset)
-        ).fetchall()
-        if not rows:
-            total = self._one(f"SELECT COUNT(*) FROM ({sql}) c", *args)[0] if q.offset else 0
-            return RolloutMatches(items=[], total=total)
-        columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
-        found = {
-            row[0]: row[1:]
-            for row in self.conn.execute(
-                f"SELECT r.pos, r.data, {columns} FROM rollouts r{_WITH_DIGEST} WHERE r.pos IN ({','.join([p] * len(rows))})",
-                [row[0] for row in rows],
-            )
-        }
-        items = [
-            ListedRollout(
-                rollout=Rollout.model_validate_json(found[pos][0]),
-                digest=None if found[pos][1] is None else _digest_of(found[pos][1:]),
-            )
-            for pos, _ in rows
-        ]
-        return RolloutMatches(items=items, total=rows[0][1])
-
     def next_sequence_id(self, rollout_id: str) -> int:
         self._next_seq.pop(rollout_id, None)
         self._wrote(rollout_id)
@@ -692,9 +574,9 @@ class _SqlCall(Generic[R]):
         return self.fn(SqlTables(conn, self.dialect), finished)
 
 
-class SqlLightningStore(TableStore):
+class SqlLightningStore(SqlReadModel, TableStore):
     """The lifecycle over :class:`SqlTables` through group commit (one connection, or PostgreSQL's
-    ``connections``); queries as keyset SQL."""
+    ``connections``); queries as keyset SQL, the read model as ``_sql_read`` writes it."""
 
     cross_process_poll_s: float | None = 0.5
     dialect: Dialect = SQLITE
@@ -719,69 +601,6 @@ class SqlLightningStore(TableStore):
     async def aclose(self) -> None:
         await super().aclose()
         await self._db.close()
-
-    async def _finished(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        def op(t: Tables, _: list[str]) -> list[Rollout]:
-            assert isinstance(t, SqlTables)
-            out = []
-            for rollout_id in rollout_ids:
-                row = t._one(f"SELECT status, data FROM rollouts WHERE rollout_id={t.p}", rollout_id)
-                if row is None:
-                    raise NotFoundError(f"no rollout {rollout_id!r} in the store", rollout_id=rollout_id)
-                if RolloutStatus(row[0]).is_terminal:
-                    out.append(Rollout.model_validate_json(row[1]))
-            return out
-
-        return await self._tx(op, write=False)
-
-    async def query_digests(
-        self,
-        *,
-        rollout_ids: Sequence[str] | None = None,
-        after: int = 0,
-        limit: int = 10_000,
-    ) -> Page[AttemptDigest]:
-        check_limit(limit)
-        ids = None if rollout_ids is None else list(dict.fromkeys(rollout_ids))
-
-        def op(t: Tables, _: list[str]) -> Page[AttemptDigest]:
-            assert isinstance(t, SqlTables)
-            if ids is None or len(ids) <= 1000:
-                return t.digests(ids, after, limit)
-            items = [
-                d for n in range(0, len(ids), 1000) for d in t.digests(ids[n : n + 1000], after, limit).items
-            ]
-            items.sort(key=lambda d: d.stamp)
-            return Page(
-                items=items[:limit], next_cursor=str(items[limit - 1].stamp) if len(items) > limit else None
-            )
-
-        return await self._tx(op, write=False)
-
-    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
-        def op(t: Tables, _: list[str]) -> RolloutMatches:
-            assert isinstance(t, SqlTables)
-            return t.search(query)
-
-        return await self._tx(op, write=False)
-
-    async def statistics(self) -> StoreStatistics:
-        def op(conn: Any, _: list[str]) -> StoreStatistics:
-            counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
-            return StoreStatistics(
-                rollouts_by_status=dict(
-                    conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall()
-                ),
-                attempts_by_status=dict(
-                    conn.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status").fetchall()
-                ),
-                spans=counters.get("spans", 0),
-                span_bytes=counters.get("span_bytes", 0),
-                resources=conn.execute("SELECT COUNT(*) FROM resources").fetchone()[0],
-                workers=conn.execute("SELECT COUNT(*) FROM workers").fetchone()[0],
-            )
-
-        return await self._db.call(op, write=False)
 
 
 def _may_be_overdue(attempt_json: str, rollout_json: str, now: float) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 from agl.schemas import Rollout
 from agl.store import _logic
-from agl.store.base import DIGEST_SLOTS, DigestState, duration_s, merge_digest, search_text, span_digest
+from agl.store.read_model import DIGEST_SLOTS, DigestState, duration_s, merge_digest, search_text, span_digest
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,8 @@ class ResourcesRequest(_JsonChecked, _NoNul):
     metadata: dict[str, Any] | None = None
 
 
-class PageQuery(WireModel):
+class ResourcesQuery(WireModel):
+    descending: bool = False
     limit: int = Field(100, ge=1, le=10_000)
     cursor: str | None = None
 

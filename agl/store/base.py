@@ -13,14 +13,13 @@ import contextlib
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel
 
-from agl import semconv as sc
-from agl.errors import StoreError
+from agl.errors import NotFoundError, StoreError
 from agl.schemas import (
     Attempt,
     AttemptedRollout,
@@ -31,7 +30,6 @@ from agl.schemas import (
     RolloutCreate,
     RolloutStatus,
     Span,
-    WireModel,
     Worker,
     WorkerStatus,
     now_s,
@@ -50,17 +48,6 @@ class Page(BaseModel, Generic[T]):
 
     items: list[T]
     next_cursor: str | None = None
-
-
-class StoreStatistics(BaseModel):
-    """Counts by status and span volume; cheap enough to call every second."""
-
-    rollouts_by_status: dict[str, int] = Field(default_factory=dict)
-    attempts_by_status: dict[str, int] = Field(default_factory=dict)
-    spans: int = 0
-    span_bytes: int = 0
-    resources: int = 0
-    workers: int = 0
 
 
 def encode_cursor(sort_value: Any, tiebreak: Any) -> str:
@@ -116,160 +103,6 @@ def check_limit(limit: int) -> int:
     return limit
 
 
-class AttemptDigest(BaseModel):
-    """What a list of rollouts shows of an attempt without reading its spans, kept by the store as the
-    spans arrive: its last model reply (text and tool-call names), the type of its last exception,
-    its final reward (as ``agl.adapter.final_reward``) and the agent named on its first reward span."""
-
-    rollout_id: str
-    attempt_id: str
-    reply: str | None = None
-    error_type: str | None = None
-    reward: float | None = None
-    agent: str | None = None
-    #: increases with every change the store makes to a digest (0 where the store keeps none)
-    stamp: int = 0
-
-
-#: slot -> (value fields, whether its earliest span wins; else its latest). ``gw``/``tr``: the last
-#: model call the gateway / a client-side tracer recorded (response id, reply); ``err``: exception
-#: type; ``rw``/``rl``: reward without / with a response id; ``ag``: agent named on a reward span
-DIGEST_SLOTS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "gw": (("gw_id", "gw_text"), False),
-    "tr": (("tr_id", "tr_text"), False),
-    "err": (("err_type",), False),
-    "rw": (("rw_value",), False),
-    "rl": (("rl_value",), False),
-    "ag": (("ag_name",), True),
-}
-#: a digest's raw state: slot -> (sequence id, *values)
-DigestState = dict[str, tuple[Any, ...]]
-
-
-def span_digest(name: str, attributes: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
-    """The digest slots one span fills (slot -> values), read from its name and attributes only (a
-    stored span's JSON need not become a :class:`Span`)."""
-    out: dict[str, tuple[Any, ...]] = {}
-    if (sc.LLM_API in attributes or name == sc.SPAN_LLM_CALL) and name != sc.SPAN_EMBEDDINGS:
-        message = attributes.get(sc.LLM_RESPONSE_MESSAGE)
-        message = message if isinstance(message, dict) else {}
-        content = message.get("content")
-        text = content if isinstance(content, str) else ""
-        names = [  # as the dashboard's ``output_text`` writes a reply
-            str((c.get("function") or {}).get("name", c.get("name", "?")))
-            for c in attributes.get(sc.LLM_TOOL_CALLS) or message.get("tool_calls") or []
-            if isinstance(c, dict)
-        ]
-        text += "".join(f" [tool call {n}]" for n in names)
-        response_id = attributes.get(sc.LLM_RESPONSE_ID)
-        slot = "gw" if str(attributes.get(sc.LLM_SOURCE, "gateway")) == "gateway" else "tr"
-        out[slot] = (str(response_id) if response_id else None, text)
-    elif name == sc.SPAN_EXCEPTION:
-        out["err"] = (str(attributes.get(sc.EXCEPTION_TYPE)),)
-    elif name == sc.SPAN_REWARD:
-        try:
-            value = float(attributes[sc.REWARD_VALUE])
-        except (KeyError, TypeError, ValueError):
-            value = None
-        if value is not None:
-            out["rl" if sc.REWARD_RESPONSE_ID in attributes else "rw"] = (value,)
-        if sc.AGENT_NAME in attributes:
-            out["ag"] = (str(attributes[sc.AGENT_NAME]),)
-    return out
-
-
-def merge_digest(state: DigestState, sequence_id: int, slots: Mapping[str, tuple[Any, ...]]) -> None:
-    """Fold one span's slots into ``state``: the latest span wins a slot (the earliest for ``ag``)."""
-    for slot, values in slots.items():
-        known = state.get(slot)
-        first = DIGEST_SLOTS[slot][1]
-        if known is None or (sequence_id < known[0] if first else sequence_id > known[0]):
-            state[slot] = (sequence_id, *values)
-
-
-def resolve_digest(rollout_id: str, attempt_id: str, stamp: int, state: DigestState) -> AttemptDigest:
-    """The digest a state stands for."""
-    return AttemptDigest(rollout_id=rollout_id, attempt_id=attempt_id, stamp=stamp, **digest_values(state))
-
-
-def digest_values(state: DigestState) -> dict[str, Any]:
-    """A digest state's reply, error type, reward and agent. A tracer's record of the gateway's last
-    response is that response (the gateway's record wins, as in ``agl.adapter.llm_calls``)."""
-    gw, tr = state.get("gw"), state.get("tr")
-    reply = None
-    if tr is not None and (gw is None or (tr[0] > gw[0] and not (tr[1] and tr[1] == gw[1]))):
-        reply = tr[2]
-    elif gw is not None:
-        reply = gw[2]
-    reward = state.get("rw") or state.get("rl")
-    return {
-        "reply": reply,
-        "error_type": state["err"][1] if "err" in state else None,
-        "reward": reward[1] if reward else None,
-        "agent": state["ag"][1] if "ag" in state else None,
-    }
-
-
-RolloutSort = Literal["created", "reward", "duration"]
-
-
-class RolloutSearch(WireModel):
-    """What :meth:`LightningStore.search_rollouts` looks for: every given filter must hold.
-
-    ``text`` is a case-insensitive substring of the rollout id, its input (a string as itself, anything
-    else as compact JSON) or its latest attempt's last reply; ``agent``, ``error_type`` and the reward
-    sort read that attempt's digest; ``metadata`` keys must equal the given values. Sorts put rollouts
-    without a value (no reward, not ended) last; ties go newest first.
-    """
-
-    text: str | None = None
-    status: list[RolloutStatus] | None = None
-    mode: str | None = None
-    group_id: str | None = None
-    resources_id: str | None = None
-    agent: str | None = None
-    error_type: str | None = None
-    metadata: dict[str, str | int | float] | None = None
-    sort: RolloutSort = "created"
-    descending: bool = True
-    limit: int = Field(50, ge=1, le=10_000)
-    offset: int = Field(0, ge=0, le=10**15)
-
-    @field_validator("metadata")
-    @classmethod
-    def _plain_keys(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value and any('"' in key for key in value):
-            raise ValueError("metadata keys to filter on cannot hold a double quote")  # SQLite's JSON paths
-        return value
-
-
-class ListedRollout(BaseModel):
-    """A rollout and the digest of its latest attempt (None: nothing recorded yet)."""
-
-    rollout: Rollout
-    digest: AttemptDigest | None = None
-
-
-class RolloutMatches(BaseModel):
-    """One page of a search, and how many rollouts match in all."""
-
-    items: list[ListedRollout]
-    total: int
-
-
-def search_text(rollout: Rollout) -> str:
-    """What ``text`` is looked for in besides the reply, lower-cased: the rollout id and its input."""
-    given = rollout.input if isinstance(rollout.input, str) else orjson.dumps(rollout.input).decode()
-    return f"{rollout.rollout_id}\n{given}".lower()
-
-
-def duration_s(rollout: Rollout) -> float | None:
-    """Seconds from the first start to the end, or None while the rollout has not ended."""
-    if rollout.ended_at is None:
-        return None
-    return rollout.ended_at - (rollout.started_at or rollout.created_at)
-
-
 QUEUE_KEY = "queue"  # what queue waiters wait on (completion waiters wait on rollout ids)
 
 
@@ -311,8 +144,10 @@ def _resolve(future: asyncio.Future[None]) -> None:
 class LightningStore(ABC):
     """Task queue, versioned resources and spans behind one async API.
 
-    Subclasses implement the abstract methods; convenience forms (single-item writes, cancel,
-    the watchdog loop, waiting) are written here once.
+    This is the lifecycle core that runners, the trainer and algorithms use. Subclasses implement the
+    abstract methods; the forms built on them (single reads and writes, cancel, the watchdog loop,
+    waiting) are written here once. What only the dashboard and analysis read (digests, search,
+    statistics, workers) is the read model (``agl.store.read_model``), which every backend adds.
     """
 
     def __init__(self, *, clock: Clock = now_s, watchdog_interval_s: float = 1.0) -> None:
@@ -339,10 +174,6 @@ class LightningStore(ABC):
     @abstractmethod
     async def start_rollout(self, request: RolloutCreate, worker_id: str | None = None) -> AttemptedRollout:
         """Create a rollout and its first attempt at once, bypassing the queue (online use)."""
-
-    @abstractmethod
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        """Raises NotFoundError for an unknown id."""
 
     @abstractmethod
     async def update_rollout(
@@ -421,22 +252,6 @@ class LightningStore(ABC):
     ) -> Page[Span]:
         """Spans ordered by (rollout, sequence_id); ``attempt_id="latest"`` picks each rollout's last attempt."""
 
-    @abstractmethod
-    async def query_digests(
-        self,
-        *,
-        rollout_ids: Sequence[str] | None = None,
-        after: int = 0,
-        limit: int = 10_000,
-    ) -> Page[AttemptDigest]:
-        """Digests of each rollout's latest attempt (none for one without model calls, exceptions or
-        rewards), by increasing ``stamp``, only those stamped after ``after``; ``next_cursor`` is the
-        last stamp (pass it as ``after``) when more remain."""
-
-    @abstractmethod
-    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
-        """Rollouts matching ``query`` (text, filters, digest facts), sorted and paged by the store."""
-
     # ----- resources ------------------------------------------------------------------------
     @abstractmethod
     async def add_resources(
@@ -453,38 +268,50 @@ class LightningStore(ABC):
     async def get_resources(self, resources_id: str) -> ResourcesVersion: ...
 
     @abstractmethod
-    async def get_latest_resources(self) -> ResourcesVersion | None: ...
+    async def query_resources(
+        self, *, descending: bool = False, limit: int = 100, cursor: str | None = None
+    ) -> Page[ResourcesVersion]:
+        """Versions in the order they were added (newest first with ``descending``)."""
 
-    @abstractmethod
-    async def query_resources(self, *, limit: int = 100, cursor: str | None = None) -> Page[ResourcesVersion]:
-        """Versions in the order they were added."""
-
-    # ----- workers, statistics, watchdog ----------------------------------------------------
+    # ----- workers, watchdog ----------------------------------------------------------------
     @abstractmethod
     async def update_worker(
         self, worker_id: str, *, status: WorkerStatus | None = None, host: dict[str, Any] | None = None
-    ) -> Worker: ...
-
-    @abstractmethod
-    async def get_worker(self, worker_id: str) -> Worker: ...
-
-    @abstractmethod
-    async def query_workers(
-        self, *, status: Sequence[WorkerStatus] | None = None, limit: int = 100, cursor: str | None = None
-    ) -> Page[Worker]: ...
-
-    @abstractmethod
-    async def statistics(self) -> StoreStatistics: ...
+    ) -> Worker:
+        """Register or refresh a worker (any call counts as its heartbeat)."""
 
     @abstractmethod
     async def run_watchdog(self) -> list[Attempt]:
         """Mark overrun live attempts ``timeout`` / ``unresponsive`` now; returns those it marked."""
 
-    @abstractmethod
-    async def _finished(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        """The rollouts among ``rollout_ids`` in a terminal state; NotFoundError for unknown ids."""
+    # ----- written once for every backend over the methods above ----------------------------
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """Raises NotFoundError for an unknown id."""
+        found = (await self.query_rollouts(rollout_ids=[rollout_id], limit=1)).items
+        if not found:
+            raise NotFoundError(f"no rollout {rollout_id!r} in the store", rollout_id=rollout_id)
+        return found[0]
 
-    # ----- written once for every backend ---------------------------------------------------
+    async def get_latest_resources(self) -> ResourcesVersion | None:
+        """The version added last, or None before any."""
+        found = (await self.query_resources(descending=True, limit=1)).items
+        return found[0] if found else None
+
+    async def _finished(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        """The rollouts among ``rollout_ids`` in a terminal state, in that order; NotFoundError for unknown ids."""
+        ids = list(dict.fromkeys(rollout_ids))
+        found: dict[str, Rollout] = {}
+        for start in range(0, len(ids), 10_000):
+            chunk = ids[start : start + 10_000]
+            found.update(
+                (r.rollout_id, r)
+                for r in (await self.query_rollouts(rollout_ids=chunk, limit=len(chunk))).items
+            )
+        for rollout_id in ids:
+            if rollout_id not in found:
+                raise NotFoundError(f"no rollout {rollout_id!r} in the store", rollout_id=rollout_id)
+        return [found[i] for i in ids if found[i].status.is_terminal]
+
     async def enqueue_rollout(self, input: Any = None, **fields: Any) -> Rollout:
         """Queue one rollout; ``fields`` are those of :class:`RolloutCreate`."""
         (rollout,) = await self.enqueue_rollouts([RolloutCreate(input=input, **fields)])

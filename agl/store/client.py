@@ -16,6 +16,7 @@ import os
 import threading
 import urllib.request
 import uuid
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -41,14 +42,14 @@ from agl.schemas import (
 from agl.schemas.span import spans_json
 from agl.store import _logic
 from agl.store._wire import API_PREFIX, MAX_WAIT_S, StoredSpan
-from agl.store.base import (
+from agl.store.base import Page, RolloutOrder
+from agl.store.read_model import (
     AttemptDigest,
-    LightningStore,
-    Page,
     RolloutMatches,
-    RolloutOrder,
     RolloutSearch,
+    StoreReadModel,
     StoreStatistics,
+    StoreWithReadModel,
 )
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,51 @@ def _raise_for(status: int, content: bytes) -> None:
 _TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
-class LightningStoreClient(LightningStore):
-    """A remote LightningStore at ``url`` (e.g. ``http://127.0.0.1:4747``).
+class _ReadModelOverHttp(StoreReadModel):
+    """The read model's routes (digests, search, statistics, workers), as the server groups them."""
+
+    @abstractmethod
+    async def _get(self, path: str, adapter: TypeAdapter[T]) -> T: ...
+
+    @abstractmethod
+    async def _post(self, path: str, body: Any, adapter: TypeAdapter[T], **kw: Any) -> T: ...
+
+    async def query_digests(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 10_000,
+    ) -> Page[AttemptDigest]:
+        body = {
+            "rollout_ids": None if rollout_ids is None else list(rollout_ids),
+            "after": after,
+            "limit": limit,
+        }
+        return await self._post("/digests/query", body, _DIGEST_PAGE)
+
+    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
+        return await self._post("/rollouts/search", query, _MATCHES)
+
+    async def get_worker(self, worker_id: str) -> Worker:
+        return await self._get(f"/workers/{worker_id}", _WORKER)
+
+    async def query_workers(
+        self, *, status: Sequence[WorkerStatus] | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page[Worker]:
+        body = {
+            "status": None if status is None else [WorkerStatus(s).value for s in status],
+            "limit": limit,
+            "cursor": cursor,
+        }
+        return await self._post("/workers/query", body, _WORKER_PAGE)
+
+    async def statistics(self) -> StoreStatistics:
+        return await self._get("/statistics", TypeAdapter(StoreStatistics))
+
+
+class LightningStoreClient(_ReadModelOverHttp, StoreWithReadModel):
+    """A remote LightningStore and its read model at ``url`` (e.g. ``http://127.0.0.1:4747``).
 
     Args:
         token: bearer token; defaults to ``AGL_STORE_TOKEN``.
@@ -227,9 +271,6 @@ class LightningStoreClient(LightningStore):
         body = {"rollout": req.model_dump(mode="json"), "worker_id": worker_id}
         return await self._post("/rollouts/start", body, _ATTEMPTED, idempotency_key=True)
 
-    async def get_rollout(self, rollout_id: str) -> Rollout:
-        return await self._get(f"/rollouts/{rollout_id}", _ROLLOUT)
-
     async def update_rollout(
         self, rollout_id: str, *, status: RolloutStatus | None = None, metadata: dict[str, Any] | None = None
     ) -> Rollout:
@@ -259,9 +300,6 @@ class LightningStoreClient(LightningStore):
             "cursor": cursor,
         }
         return await self._post("/rollouts/query", body, _ROLLOUT_PAGE)
-
-    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
-        return await self._post("/rollouts/search", query, _MATCHES)
 
     async def wait_for_rollouts(
         self, rollout_ids: Sequence[str], timeout_s: float | None = None
@@ -359,20 +397,6 @@ class LightningStoreClient(LightningStore):
         }
         return await self._post("/spans/query", body, _SPAN_PAGE)
 
-    async def query_digests(
-        self,
-        *,
-        rollout_ids: Sequence[str] | None = None,
-        after: int = 0,
-        limit: int = 10_000,
-    ) -> Page[AttemptDigest]:
-        body = {
-            "rollout_ids": None if rollout_ids is None else list(rollout_ids),
-            "after": after,
-            "limit": limit,
-        }
-        return await self._post("/digests/query", body, _DIGEST_PAGE)
-
     # ----- resources ------------------------------------------------------------------------
     async def add_resources(
         self,
@@ -394,34 +418,18 @@ class LightningStoreClient(LightningStore):
     async def get_resources(self, resources_id: str) -> ResourcesVersion:
         return await self._get(f"/resources/{resources_id}", _RESOURCES)
 
-    async def get_latest_resources(self) -> ResourcesVersion | None:
-        return await self._get("/resources/latest", _MAYBE_RESOURCES)
+    async def query_resources(
+        self, *, descending: bool = False, limit: int = 100, cursor: str | None = None
+    ) -> Page[ResourcesVersion]:
+        body = {"descending": descending, "limit": limit, "cursor": cursor}
+        return await self._post("/resources/query", body, _RESOURCES_PAGE)
 
-    async def query_resources(self, *, limit: int = 100, cursor: str | None = None) -> Page[ResourcesVersion]:
-        return await self._post("/resources/query", {"limit": limit, "cursor": cursor}, _RESOURCES_PAGE)
-
-    # ----- workers, statistics, watchdog ----------------------------------------------------
+    # ----- workers, watchdog ----------------------------------------------------------------
     async def update_worker(
         self, worker_id: str, *, status: WorkerStatus | None = None, host: dict[str, Any] | None = None
     ) -> Worker:
         body = {"status": None if status is None else WorkerStatus(status).value, "host": host}
         return _WORKER.validate_python(await self._request("PUT", f"/workers/{worker_id}", body))
-
-    async def get_worker(self, worker_id: str) -> Worker:
-        return await self._get(f"/workers/{worker_id}", _WORKER)
-
-    async def query_workers(
-        self, *, status: Sequence[WorkerStatus] | None = None, limit: int = 100, cursor: str | None = None
-    ) -> Page[Worker]:
-        body = {
-            "status": None if status is None else [WorkerStatus(s).value for s in status],
-            "limit": limit,
-            "cursor": cursor,
-        }
-        return await self._post("/workers/query", body, _WORKER_PAGE)
-
-    async def statistics(self) -> StoreStatistics:
-        return await self._get("/statistics", TypeAdapter(StoreStatistics))
 
     async def run_watchdog(self) -> list[Attempt]:
         return await self._post("/watchdog", None, TypeAdapter(list[Attempt]))

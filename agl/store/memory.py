@@ -10,7 +10,7 @@ import bisect
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from agl.schemas import (
@@ -24,27 +24,16 @@ from agl.schemas import (
 from agl.store._lifecycle import Query, R, Tables, TableStore, Work
 from agl.store.base import (
     SCALAR_KIND,
-    AttemptDigest,
     Clock,
-    DigestState,
     InvalidCursorError,
     Kind,
-    ListedRollout,
     Page,
-    RolloutMatches,
-    RolloutSearch,
-    StoreStatistics,
     T,
     check_limit,
     decode_cursor,
-    digest_values,
-    duration_s,
     encode_cursor,
-    merge_digest,
-    resolve_digest,
-    search_text,
-    span_digest,
 )
+from agl.store.read_model import DigestState, InProcessReadModel, merge_digest, search_text, span_digest
 from agl.store.states import watchdog_verdict
 
 
@@ -75,7 +64,13 @@ def _paginate(
     return Page(items=page, next_cursor=next_cursor)
 
 
-_ABSENT = object()  # a metadata key a rollout does not have
+#: each table's key column: a query naming its keys looks them up instead of scanning the table
+_KEYS = {
+    "rollouts": "rollout_id",
+    "attempts": "attempt_id",
+    "resources": "resources_id",
+    "workers": "worker_id",
+}
 
 
 def _freeze(value: Any) -> Any:
@@ -84,7 +79,8 @@ def _freeze(value: Any) -> Any:
 
 
 class MemoryTables(Tables):
-    """The tables as dicts; reads hand out copies so nothing changes until it is saved."""
+    """The tables as dicts (the :class:`InProcessRows` the read model reads); reads hand out copies so
+    nothing changes until it is saved."""
 
     def __init__(self) -> None:
         self.order = itertools.count()
@@ -187,66 +183,6 @@ class MemoryTables(Tables):
                 self.digests[attempt] = (next(self.digest_stamps), state)
         return stored
 
-    def latest_digests(self, rollout_ids: Sequence[str] | None, after: int) -> list[AttemptDigest]:
-        """Digests of latest attempts stamped after ``after``, by stamp."""
-        ids = self.rollout_attempts.keys() if rollout_ids is None else rollout_ids
-        out = []
-        for rid in ids:
-            attempts = self.rollout_attempts.get(rid)
-            if not attempts:
-                continue
-            found = self.digests.get((rid, attempts[-1]))
-            if found is not None and found[0] > after:
-                out.append(resolve_digest(rid, attempts[-1], found[0], found[1]))
-        return sorted(out, key=lambda d: d.stamp)
-
-    def search(self, q: RolloutSearch) -> RolloutMatches:
-        """One pass over every rollout (oldest first) for those matching ``q``, then sorted and cut; a
-        digest is resolved only where a filter, the sort or the text needs it."""
-        needle = q.text.lower() if q.text else None
-        equal = [(k, v) for k, v in (("mode", q.mode), ("group_id", q.group_id)) if v is not None]
-        if q.resources_id is not None:
-            equal.append(("resources_id", q.resources_id))
-        equal_facts = [(k, v) for k, v in (("agent", q.agent), ("error_type", q.error_type)) if v is not None]
-        found: list[tuple[int, Any, Rollout, tuple[str, str] | None]] = []
-        for pos, (rid, rollout) in enumerate(self.rollouts.items()):
-            if (
-                (q.status is not None and rollout.status not in q.status)
-                or (equal and any(getattr(rollout, k) != v for k, v in equal))
-                or (q.metadata and any(rollout.metadata.get(k, _ABSENT) != v for k, v in q.metadata.items()))
-            ):
-                continue
-            attempts = self.rollout_attempts.get(rid)
-            key = (rid, attempts[-1]) if attempts else None
-            kept = self.digests.get(key) if key else None
-            unmatched = needle is not None and needle not in self.search_texts[rid]
-            facts = (
-                digest_values(kept[1]) if kept and (equal_facts or unmatched or q.sort == "reward") else {}
-            )
-            if (equal_facts and any(facts.get(k) != v for k, v in equal_facts)) or (
-                unmatched and needle not in (facts.get("reply") or "").lower()
-            ):
-                continue
-            value = (
-                pos
-                if q.sort == "created"
-                else facts.get("reward")
-                if q.sort == "reward"
-                else duration_s(rollout)
-            )
-            found.append((pos, value, rollout, key if kept else None))
-        found.reverse()  # newest first, and a stable sort keeps ties so
-        known = sorted((x for x in found if x[1] is not None), key=lambda x: x[1], reverse=q.descending)
-        ordered = known + [x for x in found if x[1] is None]
-        items = []
-        for _, _, rollout, key in ordered[q.offset : q.offset + q.limit]:
-            digest = None
-            if key is not None:
-                stamp, state = self.digests[key]
-                digest = resolve_digest(*key, stamp, state)
-            items.append(ListedRollout(rollout=rollout.model_copy(), digest=digest))
-        return RolloutMatches(items=items, total=len(ordered))
-
     def next_sequence_id(self, rollout_id: str) -> int:
         seq = self.next_seq[rollout_id]
         self.next_seq[rollout_id] = seq + 1
@@ -278,7 +214,11 @@ class MemoryTables(Tables):
                 "resources": self.versions,
                 "workers": self.workers,
             }
-            items = list(tables[query.table].values())
+            table = tables[query.table]
+            ids = query.where.get(_KEYS[query.table])
+            items = (
+                list(table.values()) if ids is None else [table[i] for i in dict.fromkeys(ids) if i in table]
+            )
         for column, values in query.where.items():
             accepted = set(values)
             items = [i for i in items if getattr(i, column) in accepted]
@@ -295,8 +235,10 @@ class MemoryTables(Tables):
         return Page(items=[i.model_copy() for i in page.items], next_cursor=page.next_cursor)
 
 
-class InMemoryLightningStore(TableStore):
+class InMemoryLightningStore(InProcessReadModel, TableStore):
     """A LightningStore that lives in this process's memory and is lost when it exits."""
+
+    _t: MemoryTables
 
     def __init__(self, *, clock: Clock = now_s, watchdog_interval_s: float = 1.0) -> None:
         super().__init__(clock=clock, watchdog_interval_s=watchdog_interval_s)
@@ -309,44 +251,3 @@ class InMemoryLightningStore(TableStore):
             result = fn(self._t, finished)
         self._waiters.notify(finished)
         return result
-
-    async def _finished(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        with self._lock:
-            rollouts = [TableStore._rollout(self._t, i) for i in rollout_ids]
-            return [r for r in rollouts if r.status.is_terminal]
-
-    async def query_digests(
-        self,
-        *,
-        rollout_ids: Sequence[str] | None = None,
-        after: int = 0,
-        limit: int = 10_000,
-    ) -> Page[AttemptDigest]:
-        check_limit(limit)
-        with self._lock:
-            items = self._t.latest_digests(
-                None if rollout_ids is None else list(dict.fromkeys(rollout_ids)), after
-            )
-        more = len(items) > limit
-        return Page(items=items[:limit], next_cursor=str(items[limit - 1].stamp) if more else None)
-
-    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
-        with self._lock:
-            return self._t.search(query)
-
-    async def statistics(self) -> StoreStatistics:
-        with self._lock:
-            rollouts: dict[str, int] = {}
-            for r in self._t.rollouts.values():
-                rollouts[r.status.value] = rollouts.get(r.status.value, 0) + 1
-            attempts: dict[str, int] = {}
-            for a in self._t.attempts.values():
-                attempts[a.status.value] = attempts.get(a.status.value, 0) + 1
-            return StoreStatistics(
-                rollouts_by_status=rollouts,
-                attempts_by_status=attempts,
-                spans=len(self._t.span_keys),
-                span_bytes=self._t.span_bytes,
-                resources=len(self._t.versions),
-                workers=len(self._t.workers),
-            )

@@ -1,4 +1,5 @@
-"""The LightningStore over HTTP: a FastAPI app serving every store method as JSON under ``/v1/agl``.
+"""The LightningStore and its read model over HTTP: a FastAPI app serving every store method as JSON
+under ``/v1/agl``, its routes grouped as the methods are (lifecycle core, read model).
 
 Errors keep their class across the wire: ``_http_errors`` maps each ``agl.errors`` class to a status
 code and the body names it (``{"error": {"type", "message", "field", "rollout_id", "attempt_id"}}``);
@@ -37,7 +38,14 @@ from agl.store import _wire as w
 from agl.store._hot_routes import HotRoute, HotRoutes
 from agl.store._http_errors import agl_error, error_body, validation_error
 from agl.store._metrics import CONTENT_TYPE, UNMATCHED, StoreMetrics
-from agl.store.base import AttemptDigest, LightningStore, Page, RolloutMatches, RolloutSearch, StoreStatistics
+from agl.store.base import LightningStore, Page
+from agl.store.read_model import (
+    AttemptDigest,
+    RolloutMatches,
+    RolloutSearch,
+    StoreReadModel,
+    StoreStatistics,
+)
 
 _STORED_SPANS = TypeAdapter(list[w.StoredSpan])
 _MAYBE_CLAIM = TypeAdapter(AttemptedRollout | None)
@@ -214,7 +222,12 @@ async def _claim_now(store: LightningStore, ids: tuple[str, str] | None) -> Atte
 def create_app(
     store: LightningStore, *, token: str | None = None, max_body_bytes: int = 64 * 1024 * 1024
 ) -> Any:
-    """The ASGI app serving ``store``; run it with uvicorn (see ``agl store serve``)."""
+    """The ASGI app serving ``store``; run it with uvicorn (see ``agl store serve``).
+
+    Routes come in groups as the store's methods do: the lifecycle core (rollouts; attempts and spans;
+    resources, worker updates and the watchdog), the read model (digests, search, statistics, workers;
+    served when the store has one, as every agl backend does), OTLP ingestion, and health and metrics.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -223,13 +236,72 @@ def create_app(
 
     app = FastAPI(title="agl LightningStore", version="1", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.store = store
-    cache = _IdempotencyCache()
-    metrics = StoreMetrics()
-    p = w.API_PREFIX
+    calls = _Calls(store)
+    _add_error_handlers(app)
+    _add_health_routes(app, store, calls)
+    _add_rollout_routes(app, calls)
+    _add_attempt_and_span_routes(app, calls)
+    _add_resource_and_worker_routes(app, calls)
+    if isinstance(store, StoreReadModel):
+        _add_read_model_routes(app, store)
+    _add_otlp_route(app, calls, max_body_bytes)
+    return _GuardMiddleware(app, token, max_body_bytes, calls.hot_routes(), calls.metrics)
 
-    async def replay_claim(ids: tuple[str, str] | None) -> AttemptedRollout | None:
-        return await _claim_now(store, ids)
 
+class _Calls:
+    """What the core routes share: the store, the idempotency cache, the metrics, and the calls behind
+    the hot routes (also declared to FastAPI, for the schema and for clients that send no length)."""
+
+    def __init__(self, store: LightningStore) -> None:
+        self.store = store
+        self.cache = _IdempotencyCache()
+        self.metrics = StoreMetrics()
+
+    async def replay_claim(self, ids: tuple[str, str] | None) -> AttemptedRollout | None:
+        return await _claim_now(self.store, ids)
+
+    async def dequeue(
+        self, _: dict[str, str], body: w.DequeueRequest, key: str | None
+    ) -> AttemptedRollout | None:
+        call = lambda: self.store.dequeue(body.worker_id)  # noqa: E731
+        request = f"dequeue {body.worker_id}"
+        return await self.cache.run(key, call, _claim_ids, self.replay_claim, request)  # type: ignore[no-any-return]
+
+    async def add_spans(self, _: dict[str, str], body: w.SpansRequest, __: str | None) -> list[w.StoredSpan]:
+        stored = await self.store.add_spans(body.spans)
+        self.metrics.spans.inc(len(stored))
+        return [w.StoredSpan.of(s) for s in stored]
+
+    async def update_attempt(self, ids: dict[str, str], body: w.AttemptPatch, _: str | None) -> Attempt:
+        return await self.store.update_attempt(
+            ids["rollout_id"], ids["attempt_id"], status=body.status, error=body.error, metadata=body.metadata
+        )
+
+    async def heartbeat(self, ids: dict[str, str], _: None, __: str | None) -> Rollout:
+        return await self.store.heartbeat(ids["rollout_id"], ids["attempt_id"])
+
+    def hot_routes(self) -> HotRoutes:
+        p = w.API_PREFIX
+        return HotRoutes(
+            [
+                HotRoute("POST", f"{p}/rollouts/dequeue", w.DequeueRequest, _MAYBE_CLAIM, self.dequeue),
+                HotRoute(
+                    "POST", f"{p}/spans", w.SpansRequest, _STORED_SPANS, self.add_spans, w.parse_spans_request
+                ),
+                HotRoute("PATCH", _ATTEMPT_PATH, w.AttemptPatch, _ATTEMPT, self.update_attempt),
+                HotRoute("POST", f"{_ATTEMPT_PATH}/heartbeat", None, _ROLLOUT, self.heartbeat),
+            ]
+        )
+
+
+_ATTEMPT_PATH = f"{w.API_PREFIX}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}"
+
+
+def _key(request: Request) -> str | None:
+    return request.headers.get("idempotency-key")
+
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(errors.AglError)
     async def _agl_error(request: Request, exc: errors.AglError) -> JSONResponse:
         status, body = agl_error(exc)
@@ -248,42 +320,8 @@ def create_app(
         body = error_body(names.get(exc.status_code, "HTTPError"), message)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
-    # ----- the calls behind the hot routes, shared with their FastAPI declarations ------------
-    async def dequeue_call(
-        _: dict[str, str], body: w.DequeueRequest, key: str | None
-    ) -> AttemptedRollout | None:
-        call = lambda: store.dequeue(body.worker_id)  # noqa: E731
-        request = f"dequeue {body.worker_id}"
-        return await cache.run(key, call, _claim_ids, replay_claim, request)  # type: ignore[no-any-return]
 
-    async def add_spans_call(_: dict[str, str], body: w.SpansRequest, __: str | None) -> list[w.StoredSpan]:
-        stored = await store.add_spans(body.spans)
-        metrics.spans.inc(len(stored))
-        return [w.StoredSpan.of(s) for s in stored]
-
-    async def update_attempt_call(ids: dict[str, str], body: w.AttemptPatch, _: str | None) -> Attempt:
-        return await store.update_attempt(
-            ids["rollout_id"], ids["attempt_id"], status=body.status, error=body.error, metadata=body.metadata
-        )
-
-    async def heartbeat_call(ids: dict[str, str], _: None, __: str | None) -> Rollout:
-        return await store.heartbeat(ids["rollout_id"], ids["attempt_id"])
-
-    attempt_path = f"{p}/rollouts/{{rollout_id}}/attempts/{{attempt_id}}"
-    hot = HotRoutes(
-        [
-            HotRoute("POST", f"{p}/rollouts/dequeue", w.DequeueRequest, _MAYBE_CLAIM, dequeue_call),
-            HotRoute(
-                "POST", f"{p}/spans", w.SpansRequest, _STORED_SPANS, add_spans_call, w.parse_spans_request
-            ),
-            HotRoute("PATCH", attempt_path, w.AttemptPatch, _ATTEMPT, update_attempt_call),
-            HotRoute("POST", f"{attempt_path}/heartbeat", None, _ROLLOUT, heartbeat_call),
-        ]
-    )
-
-    def key(request: Request) -> str | None:
-        return request.headers.get("idempotency-key")
-
+def _add_health_routes(app: FastAPI, store: LightningStore, calls: _Calls) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -291,30 +329,31 @@ def create_app(
     @app.get("/metrics", include_in_schema=False)
     async def prometheus_metrics() -> Response:
         """Prometheus text exposition; see ``_metrics`` for what it holds and why it needs the token."""
-        return Response(metrics.scrape(await store.statistics(), len(cache)), media_type=CONTENT_TYPE)
+        stats = await store.statistics() if isinstance(store, StoreReadModel) else StoreStatistics()
+        scraped = calls.metrics.scrape(stats, len(calls.cache))
+        return Response(scraped, media_type=CONTENT_TYPE)
 
-    # ----- rollouts -------------------------------------------------------------------------
+
+def _add_rollout_routes(app: FastAPI, calls: _Calls) -> None:
+    store, cache, p = calls.store, calls.cache, w.API_PREFIX
+
     @app.post(f"{p}/rollouts")
     async def enqueue(body: w.EnqueueRequest) -> list[Rollout]:
         return await store.enqueue_rollouts(body.rollouts)
 
     @app.post(f"{p}/rollouts/dequeue")
     async def dequeue(body: w.DequeueRequest, request: Request) -> AttemptedRollout | None:
-        return await dequeue_call({}, body, key(request))
+        return await calls.dequeue({}, body, _key(request))
 
     @app.post(f"{p}/rollouts/start")
     async def start(body: w.StartRequest, request: Request) -> AttemptedRollout:
         call = lambda: store.start_rollout(body.rollout, body.worker_id)  # noqa: E731
         seen = f"start {body.model_dump_json()}"
-        return await cache.run(key(request), call, _claim_ids, replay_claim, seen)  # type: ignore[no-any-return]
+        return await cache.run(_key(request), call, _claim_ids, calls.replay_claim, seen)  # type: ignore[no-any-return]
 
     @app.post(f"{p}/rollouts/query")
     async def query_rollouts(body: w.RolloutQuery) -> Page[Rollout]:
         return await store.query_rollouts(**body.model_dump())
-
-    @app.post(f"{p}/rollouts/search")
-    async def search_rollouts(body: RolloutSearch) -> RolloutMatches:
-        return await store.search_rollouts(body)
 
     @app.post(f"{p}/rollouts/wait")
     async def wait(body: w.WaitRequest) -> list[Rollout]:
@@ -332,36 +371,37 @@ def create_app(
     @app.post(f"{p}/rollouts/{{rollout_id}}/sequence_id")
     async def next_sequence_id(rollout_id: str, request: Request) -> int:
         call = lambda: store.next_sequence_id(rollout_id)  # noqa: E731
-        return await cache.run(key(request), call, request=f"sequence_id {rollout_id}")  # type: ignore[no-any-return]
+        return await cache.run(_key(request), call, request=f"sequence_id {rollout_id}")  # type: ignore[no-any-return]
 
-    # ----- attempts -------------------------------------------------------------------------
-    @app.patch(attempt_path)
+
+def _add_attempt_and_span_routes(app: FastAPI, calls: _Calls) -> None:
+    store, p = calls.store, w.API_PREFIX
+
+    @app.patch(_ATTEMPT_PATH)
     async def update_attempt(rollout_id: str, attempt_id: str, body: w.AttemptPatch) -> Attempt:
-        return await update_attempt_call({"rollout_id": rollout_id, "attempt_id": attempt_id}, body, None)
+        return await calls.update_attempt({"rollout_id": rollout_id, "attempt_id": attempt_id}, body, None)
 
-    @app.post(f"{attempt_path}/heartbeat")
+    @app.post(f"{_ATTEMPT_PATH}/heartbeat")
     async def heartbeat(rollout_id: str, attempt_id: str) -> Rollout:
-        return await heartbeat_call({"rollout_id": rollout_id, "attempt_id": attempt_id}, None, None)
+        return await calls.heartbeat({"rollout_id": rollout_id, "attempt_id": attempt_id}, None, None)
 
     @app.post(f"{p}/attempts/query")
     async def query_attempts(body: w.AttemptQuery) -> Page[Attempt]:
         return await store.query_attempts(**body.model_dump())
 
-    # ----- spans ----------------------------------------------------------------------------
     @app.post(f"{p}/spans")
     async def add_spans(body: w.SpansRequest) -> list[w.StoredSpan]:
         """Stores a batch; answers with the ids and sequence ids of the newly stored spans only."""
-        return await add_spans_call({}, body, None)
-
-    @app.post(f"{p}/digests/query")
-    async def query_digests(body: w.DigestQuery) -> Page[AttemptDigest]:
-        return await store.query_digests(**body.model_dump())
+        return await calls.add_spans({}, body, None)
 
     @app.post(f"{p}/spans/query")
     async def query_spans(body: w.SpanQuery) -> Page[Span]:
         return await store.query_spans(**body.model_dump())
 
-    # ----- resources, workers, statistics ---------------------------------------------------
+
+def _add_resource_and_worker_routes(app: FastAPI, calls: _Calls) -> None:
+    store, cache, p = calls.store, calls.cache, w.API_PREFIX
+
     @app.post(f"{p}/resources")
     async def add_resources(body: w.ResourcesRequest, request: Request) -> ResourcesVersion:
         call = lambda: store.add_resources(  # noqa: E731
@@ -369,7 +409,7 @@ def create_app(
         )
         keep = lambda version: version.resources_id  # noqa: E731
         seen = f"resources {body.model_dump_json()}"
-        return await cache.run(key(request), call, keep, store.get_resources, seen)  # type: ignore[no-any-return]
+        return await cache.run(_key(request), call, keep, store.get_resources, seen)  # type: ignore[no-any-return]
 
     @app.get(f"{p}/resources/latest")
     async def latest_resources() -> ResourcesVersion | None:
@@ -380,12 +420,32 @@ def create_app(
         return await store.get_resources(resources_id)
 
     @app.post(f"{p}/resources/query")
-    async def query_resources(body: w.PageQuery) -> Page[ResourcesVersion]:
-        return await store.query_resources(limit=body.limit, cursor=body.cursor)
+    async def query_resources(body: w.ResourcesQuery) -> Page[ResourcesVersion]:
+        return await store.query_resources(**body.model_dump())
 
     @app.put(f"{p}/workers/{{worker_id}}")
     async def update_worker(worker_id: str, body: w.WorkerPatch) -> Worker:
         return await store.update_worker(worker_id, status=body.status, host=body.host)
+
+    @app.post(f"{p}/watchdog")
+    async def watchdog() -> list[Attempt]:
+        return await store.run_watchdog()
+
+
+def _add_read_model_routes(app: FastAPI, store: StoreReadModel) -> None:
+    p = w.API_PREFIX
+
+    @app.post(f"{p}/digests/query")
+    async def query_digests(body: w.DigestQuery) -> Page[AttemptDigest]:
+        return await store.query_digests(**body.model_dump())
+
+    @app.post(f"{p}/rollouts/search")
+    async def search_rollouts(body: RolloutSearch) -> RolloutMatches:
+        return await store.search_rollouts(body)
+
+    @app.get(f"{p}/statistics")
+    async def statistics() -> StoreStatistics:
+        return await store.statistics()
 
     @app.get(f"{p}/workers/{{worker_id}}")
     async def get_worker(worker_id: str) -> Worker:
@@ -395,14 +455,8 @@ def create_app(
     async def query_workers(body: w.WorkerQuery) -> Page[Worker]:
         return await store.query_workers(**body.model_dump())
 
-    @app.get(f"{p}/statistics")
-    async def statistics() -> StoreStatistics:
-        return await store.statistics()
 
-    @app.post(f"{p}/watchdog")
-    async def watchdog() -> list[Attempt]:
-        return await store.run_watchdog()
-
+def _add_otlp_route(app: FastAPI, calls: _Calls, max_body_bytes: int) -> None:
     @app.post("/v1/traces")
     async def otlp_traces(request: Request) -> Response:
         from agl.store.otlp import BodyTooLargeError, decode_content, parse_otlp
@@ -416,10 +470,8 @@ def create_app(
             return JSONResponse(error_body("PayloadTooLarge", exc.message), status_code=413)
         except errors.StoreError as exc:  # OTLP/HTTP clients expect 400 for requests they must not retry
             return JSONResponse(agl_error(exc)[1], status_code=400)
-        stored = await store.add_spans(spans)
-        metrics.otlp_spans.inc(len(stored))
+        stored = await calls.store.add_spans(spans)
+        calls.metrics.otlp_spans.inc(len(stored))
         return Response(
             orjson.dumps({"partialSuccess": {}, "accepted": len(stored)}), media_type="application/json"
         )
-
-    return _GuardMiddleware(app, token, max_body_bytes, hot, metrics)

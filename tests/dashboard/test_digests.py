@@ -17,14 +17,14 @@ from agl import semconv as sc
 from agl.dashboard import create_dashboard, training
 from agl.dashboard.views import reward_facts
 from agl.schemas import AttemptStatus, RolloutCreate, Span
-from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from agl.store import InMemoryLightningStore, SqliteLightningStore, StoreWithReadModel
 from tests.store.remote_backends import postgres_store, serve
 
 KINDS = ["memory", "sqlite", "postgres", "http-sqlite"]
 
 
 @contextlib.asynccontextmanager
-async def backend(kind: str, tmp_path: Path) -> AsyncIterator[LightningStore]:
+async def backend(kind: str, tmp_path: Path) -> AsyncIterator[StoreWithReadModel]:
     if kind == "postgres":
         async with postgres_store() as pg:
             yield pg
@@ -33,7 +33,7 @@ async def backend(kind: str, tmp_path: Path) -> AsyncIterator[LightningStore]:
         async with serve(SqliteLightningStore(tmp_path / "h.db", watchdog_interval_s=0)) as client:
             yield client
         return
-    store: LightningStore = (
+    store: StoreWithReadModel = (
         InMemoryLightningStore(watchdog_interval_s=0)
         if kind == "memory"
         else SqliteLightningStore(tmp_path / "s.db", watchdog_interval_s=0)

@@ -18,7 +18,7 @@ import pytest
 from agl import semconv as sc
 from agl.dashboard import create_dashboard
 from agl.schemas import AttemptStatus, RolloutCreate, Span
-from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from agl.store import InMemoryLightningStore, SqliteLightningStore, StoreWithReadModel
 from tests.store.remote_backends import postgres_store
 
 
@@ -34,12 +34,12 @@ class Clock:
 
 
 @contextlib.asynccontextmanager
-async def backend(kind: str, tmp_path: Path, clock: Callable[[], float]) -> AsyncIterator[LightningStore]:
+async def backend(kind: str, tmp_path: Path, clock: Callable[[], float]) -> AsyncIterator[StoreWithReadModel]:
     if kind == "postgres":
         async with postgres_store(clock) as pg:
             yield pg
         return
-    store: LightningStore = (
+    store: StoreWithReadModel = (
         InMemoryLightningStore(clock=clock, watchdog_interval_s=0)
         if kind == "memory"
         else SqliteLightningStore(tmp_path / "s.db", clock=clock, watchdog_interval_s=0)
@@ -69,7 +69,7 @@ def reward(rid: str, aid: str, value: float, agent: str | None = None) -> Span:
     )
 
 
-async def fill(store: LightningStore) -> list[str]:
+async def fill(store: StoreWithReadModel) -> list[str]:
     """r0..r7, oldest first: rewards 0.5, 0.9 (agent a1), 0.5, none, failed, 0.1 ("zebra" reply),
     running with 0.7 so far, queued."""
     created = await store.enqueue_rollouts([RolloutCreate(input={"n": n, "word": f"w{n}"}) for n in range(8)])

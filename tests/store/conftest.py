@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from agl.store import InMemoryLightningStore, SqliteLightningStore, StoreWithReadModel
 from tests.store.remote_backends import REMOTE_BACKENDS
 
 
@@ -31,14 +31,14 @@ class FakeClock:
 
 
 @contextlib.asynccontextmanager
-async def _memory(tmp_path: Path, clock: FakeClock) -> AsyncIterator[LightningStore]:
+async def _memory(tmp_path: Path, clock: FakeClock) -> AsyncIterator[StoreWithReadModel]:
     store = InMemoryLightningStore(clock=clock, watchdog_interval_s=0)
     yield store
     await store.aclose()
 
 
 @contextlib.asynccontextmanager
-async def _sqlite(tmp_path: Path, clock: FakeClock) -> AsyncIterator[LightningStore]:
+async def _sqlite(tmp_path: Path, clock: FakeClock) -> AsyncIterator[StoreWithReadModel]:
     store = SqliteLightningStore(tmp_path / "store.db", clock=clock, watchdog_interval_s=0)
     yield store
     await store.aclose()
@@ -60,6 +60,6 @@ def clock() -> FakeClock:
 @pytest.fixture(params=sorted(BACKENDS))
 async def store(
     request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
-) -> AsyncIterator[LightningStore]:
+) -> AsyncIterator[StoreWithReadModel]:
     async with BACKENDS[request.param](tmp_path, clock) as s:
         yield s

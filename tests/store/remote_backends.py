@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from agl.asgi_server import BackgroundServer
-from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from agl.store import InMemoryLightningStore, SqliteLightningStore, StoreWithReadModel
 from agl.store.client import LightningStoreClient
 from agl.store.server import create_app
 
 
 @contextlib.asynccontextmanager
 async def serve(
-    inner: LightningStore, token: str | None = None, close_inner: bool = True
+    inner: StoreWithReadModel, token: str | None = None, close_inner: bool = True
 ) -> AsyncIterator[LightningStoreClient]:
     """``inner`` behind a server on a free port; yields a client whose ``inner_store`` is ``inner``."""
     with BackgroundServer(create_app(inner, token=token)) as server:
@@ -30,13 +30,13 @@ async def serve(
 
 
 @contextlib.asynccontextmanager
-async def _http_memory(tmp_path: Path, clock: Any) -> AsyncIterator[LightningStore]:
+async def _http_memory(tmp_path: Path, clock: Any) -> AsyncIterator[StoreWithReadModel]:
     async with serve(InMemoryLightningStore(clock=clock, watchdog_interval_s=0)) as client:
         yield client
 
 
 @contextlib.asynccontextmanager
-async def _http_sqlite(tmp_path: Path, clock: Any) -> AsyncIterator[LightningStore]:
+async def _http_sqlite(tmp_path: Path, clock: Any) -> AsyncIterator[StoreWithReadModel]:
     async with serve(
         SqliteLightningStore(tmp_path / "http.db", clock=clock, watchdog_interval_s=0)
     ) as client:
@@ -61,7 +61,7 @@ def postgres_reachable() -> str | None:
 
 
 @contextlib.asynccontextmanager
-async def postgres_store(clock: Any = None, **options: Any) -> AsyncIterator[LightningStore]:
+async def postgres_store(clock: Any = None, **options: Any) -> AsyncIterator[StoreWithReadModel]:
     """A PostgresLightningStore in a fresh schema (``options``: its other arguments), dropped afterwards."""
     import uuid
 
@@ -87,13 +87,13 @@ async def postgres_store(clock: Any = None, **options: Any) -> AsyncIterator[Lig
 
 
 @contextlib.asynccontextmanager
-async def _postgres(tmp_path: Path, clock: Any) -> AsyncIterator[LightningStore]:
+async def _postgres(tmp_path: Path, clock: Any) -> AsyncIterator[StoreWithReadModel]:
     async with postgres_store(clock) as store:
         yield store
 
 
 @contextlib.asynccontextmanager
-async def _http_postgres(tmp_path: Path, clock: Any) -> AsyncIterator[LightningStore]:
+async def _http_postgres(tmp_path: Path, clock: Any) -> AsyncIterator[StoreWithReadModel]:
     async with postgres_store(clock) as inner, serve(inner, close_inner=False) as client:
         yield client
 

@@ -25,14 +25,14 @@ from agl.errors import AgentError, InvalidSpanError, StoreError
 from agl.schemas import AttemptedRollout, RolloutCreate, Span
 from agl.schemas._base import MAX_JSON_DEPTH
 from agl.schemas.span import MAX_SEQUENCE_ID
-from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from agl.store import InMemoryLightningStore, SqliteLightningStore, StoreWithReadModel
 from tests.store.remote_backends import postgres_store, serve
 
 JSON = {"Content-Type": "application/json"}
 
 
 @contextlib.asynccontextmanager
-async def _inner(kind: str, tmp_path: Path) -> AsyncIterator[LightningStore]:
+async def _inner(kind: str, tmp_path: Path) -> AsyncIterator[StoreWithReadModel]:
     if kind == "postgres":
         async with postgres_store() as store:
             yield store
@@ -47,7 +47,7 @@ async def _inner(kind: str, tmp_path: Path) -> AsyncIterator[LightningStore]:
 class Stack:
     """A backend behind a real server: ``inner`` to inspect, ``http`` (raw httpx) to send bad input."""
 
-    def __init__(self, inner: LightningStore, http: httpx.AsyncClient, claim: AttemptedRollout) -> None:
+    def __init__(self, inner: StoreWithReadModel, http: httpx.AsyncClient, claim: AttemptedRollout) -> None:
         self.inner, self.http, self.claim = inner, http, claim
         self.rollout_id, self.attempt_id = claim.rollout.rollout_id, claim.attempt.attempt_id
 

@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from agl import semconv as sc
 from agl.schemas import AttemptStatus, RolloutCreate, Span
-from agl.store import LightningStore, SqliteLightningStore
-from agl.store.base import RolloutSearch
+from agl.store import SqliteLightningStore, StoreWithReadModel
+from agl.store.read_model import RolloutSearch
 from tests.store.conftest import FakeClock
 from tests.store.remote_backends import PG_DSN, postgres_store, serve
 
@@ -34,7 +34,7 @@ def reward(rid: str, aid: str, value: float, agent: str) -> Span:
     return Span.new(rid, aid, sc.SPAN_REWARD, {sc.REWARD_VALUE: value, sc.AGENT_NAME: agent})
 
 
-async def fill(store: LightningStore, clock: FakeClock) -> dict[str, str]:
+async def fill(store: StoreWithReadModel, clock: FakeClock) -> dict[str, str]:
     """a..f, oldest first (name -> rollout id): a (reward 0.5, ran 3 s), b (0.9, 1 s) and c (0.5, 2 s)
     succeeded; d failed with a ValueError after 5 s; e failed once and runs again; f is queued."""
     v1 = (await store.add_resources({})).resources_id
@@ -93,14 +93,14 @@ async def fill(store: LightningStore, clock: FakeClock) -> dict[str, str]:
     return ids
 
 
-async def names(store: LightningStore, ids: dict[str, str], **query: Any) -> list[str]:
+async def names(store: StoreWithReadModel, ids: dict[str, str], **query: Any) -> list[str]:
     by_id = {v: k for k, v in ids.items()}
     found = await store.search_rollouts(RolloutSearch(**query))
     assert found.total == len(found.items)
     return [by_id[x.rollout.rollout_id] for x in found.items]
 
 
-async def test_search_filters_sorts_and_pages(store: LightningStore, clock: FakeClock) -> None:
+async def test_search_filters_sorts_and_pages(store: StoreWithReadModel, clock: FakeClock) -> None:
     ids = await fill(store, clock)
     # sorts: no value (no reward, not ended) last; ties and the valueless newest first, either way
     assert await names(store, ids) == ["f", "e", "d", "c", "b", "a"]
@@ -223,7 +223,7 @@ async def test_a_postgres_schema_from_before_the_search_columns_gets_them_when_o
             await reopened.aclose()
 
 
-async def check_upgraded(store: LightningStore, ids: dict[str, str]) -> None:
+async def check_upgraded(store: StoreWithReadModel, ids: dict[str, str]) -> None:
     assert await names(store, ids, sort="reward") == ["b", "c", "a", "e", "f", "d"]
     assert await names(store, ids, sort="duration") == ["d", "a", "c", "b", "f", "e"]
     assert await names(store, ids, text="école") == ["b"]

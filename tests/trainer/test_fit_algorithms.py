@@ -67,7 +67,7 @@ class RaisesWhileRolloutsRun(Algorithm):
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Any:
         await ctx.store.enqueue_rollouts([RolloutCreate(input=60) for _ in range(2)])
-        while sum((await ctx.store.statistics()).attempts_by_status.values()) < 2:  # both claimed
+        while len((await ctx.store.query_attempts(limit=10)).items) < 2:  # both claimed
             await asyncio.sleep(0.05)
         raise Boom("with two attempts in flight")
 

@@ -1,0 +1,178 @@
+"""The SQL backends' read model: digests, search and statistics as SQL over the lifecycle's tables.
+
+The digests themselves are written with the spans (``_sql``'s ``Deferred``); this module only reads.
+Every read runs as a read-only call of the group-commit thread, so it sees what the calls before it wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from agl.schemas import Rollout
+from agl.store._sql_schema import DIGEST_COLUMNS, LATEST_ATTEMPT, Dialect
+from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread
+from agl.store.base import Page, check_limit
+from agl.store.read_model import (
+    DIGEST_SLOTS,
+    AttemptDigest,
+    DigestState,
+    ListedRollout,
+    RolloutMatches,
+    RolloutSearch,
+    StoreReadModel,
+    StoreStatistics,
+    resolve_digest,
+)
+
+_WITH_DIGEST = " LEFT JOIN digests d ON d.rollout_id=r.rollout_id AND d.attempt_id=r.attempt_id"
+# opens "the latest attempt's digest matches ...": for the reply text, one pass over the digests is
+# twice as fast as a join of every rollout when few match, and as fast when all do
+_DIGEST_IN = "(r.rollout_id, r.attempt_id) IN (SELECT d.rollout_id, d.attempt_id FROM digests d WHERE "
+#: a digest row's reply, as ``digest_values`` resolves it
+_REPLY = (
+    "CASE WHEN d.tr_seq IS NOT NULL AND (d.gw_seq IS NULL OR (d.tr_seq > d.gw_seq"
+    " AND (d.tr_id IS NULL OR d.gw_id IS NULL OR d.tr_id <> d.gw_id))) THEN d.tr_text ELSE d.gw_text END"
+)
+_SORT_VALUES = {"created": "r.pos", "reward": "COALESCE(d.rw_value, d.rl_value)", "duration": "r.duration"}
+_IDS_PER_READ = 1000  # rollout ids per ``IN (...)`` list
+
+
+def _digest_of(row: Sequence[Any]) -> AttemptDigest:
+    state: DigestState = {}
+    n = 3
+    for slot, (values, _) in DIGEST_SLOTS.items():
+        if row[n] is not None:
+            state[slot] = tuple(row[n : n + 1 + len(values)])
+        n += 1 + len(values)
+    return resolve_digest(row[0], row[1], row[2], state)
+
+
+class SqlReadModel(StoreReadModel):
+    """The read model of a SQL backend; workers come from the lifecycle's keyset queries."""
+
+    dialect: Dialect
+    _db: GroupCommitThread | GroupCommitPool
+
+    async def query_digests(
+        self,
+        *,
+        rollout_ids: Sequence[str] | None = None,
+        after: int = 0,
+        limit: int = 10_000,
+    ) -> Page[AttemptDigest]:
+        check_limit(limit)
+        ids = None if rollout_ids is None else list(dict.fromkeys(rollout_ids))
+        d = self.dialect
+
+        def op(conn: Any, _: list[str]) -> Page[AttemptDigest]:
+            if ids is None or len(ids) <= _IDS_PER_READ:
+                return digests(conn, d, ids, after, limit)
+            items = [
+                found
+                for n in range(0, len(ids), _IDS_PER_READ)
+                for found in digests(conn, d, ids[n : n + _IDS_PER_READ], after, limit).items
+            ]
+            items.sort(key=lambda found: found.stamp)
+            more = len(items) > limit
+            return Page(items=items[:limit], next_cursor=str(items[limit - 1].stamp) if more else None)
+
+        return await self._db.call(op, write=False)
+
+    async def search_rollouts(self, query: RolloutSearch) -> RolloutMatches:
+        d = self.dialect
+        return await self._db.call(lambda conn, _: search(conn, d, query), write=False)
+
+    async def statistics(self) -> StoreStatistics:
+        def op(conn: Any, _: list[str]) -> StoreStatistics:
+            counters = dict(conn.execute("SELECT name, value FROM counters").fetchall())
+            return StoreStatistics(
+                rollouts_by_status=dict(
+                    conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall()
+                ),
+                attempts_by_status=dict(
+                    conn.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status").fetchall()
+                ),
+                spans=counters.get("spans", 0),
+                span_bytes=counters.get("span_bytes", 0),
+                resources=conn.execute("SELECT COUNT(*) FROM resources").fetchone()[0],
+                workers=conn.execute("SELECT COUNT(*) FROM workers").fetchone()[0],
+            )
+
+        return await self._db.call(op, write=False)
+
+
+def digests(
+    conn: Any, d: Dialect, rollout_ids: Sequence[str] | None, after: int, limit: int
+) -> Page[AttemptDigest]:
+    """Digests of latest attempts stamped after ``after``, by stamp (one more read to see if more)."""
+    p = d.param
+    where = [f"d.stamp > {p}", f"d.attempt_id={LATEST_ATTEMPT.format(t='d')}"]
+    args: list[Any] = [after]
+    if rollout_ids is not None:
+        where.append(f"d.rollout_id IN ({','.join([p] * len(rollout_ids))})" if rollout_ids else "1=0")
+        args += list(rollout_ids)
+    columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
+    rows = conn.execute(
+        f"SELECT {columns} FROM digests d WHERE {' AND '.join(where)} ORDER BY d.stamp LIMIT {p}",
+        (*args, limit + 1),
+    ).fetchall()
+    items = [_digest_of(r) for r in rows[:limit]]
+    return Page(items=items, next_cursor=str(items[-1].stamp) if len(rows) > limit else None)
+
+
+def search(conn: Any, d: Dialect, q: RolloutSearch) -> RolloutMatches:
+    """The matching rollouts' positions in order (joined with the latest attempts' digests only for a
+    filter or sort on them), then the page's rollouts and digests by position."""
+    p = d.param
+    where: list[str] = []
+    args: list[Any] = []
+    if q.status is not None:
+        where.append(f"r.status IN ({','.join([p] * len(q.status))})" if q.status else "1=0")
+        args += [s.value for s in q.status]
+    for column, value in (
+        ("r.mode", q.mode),
+        ("r.group_id", q.group_id),
+        ("r.resources_id", q.resources_id),
+        ("d.ag_name", q.agent),
+        ("d.err_type", q.error_type),
+    ):
+        if value is not None:
+            where.append(f"{column}={p}")
+            args.append(value)
+    for key, wanted in (q.metadata or {}).items():
+        where.append(d.metadata_is.format(p=p))
+        args += [key, orjson.dumps(wanted).decode()]
+    if q.text:
+        needle = q.text.lower()
+        lower = "lower" if needle.isascii() else d.lower
+        reply = d.contains.format(f"{lower}({_REPLY})", p)
+        where.append(f"({d.contains.format('r.search_text', p)} OR {_DIGEST_IN}{reply}))")
+        args += [needle, needle]
+    join = q.sort == "reward" or q.agent is not None or q.error_type is not None
+    sql = f"SELECT r.pos, COUNT(*) OVER () FROM rollouts r{_WITH_DIGEST if join else ''}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    order = f"{_SORT_VALUES[q.sort]} {'DESC' if q.descending else 'ASC'} NULLS LAST, r.pos DESC"
+    rows = conn.execute(f"{sql} ORDER BY {order} LIMIT {p} OFFSET {p}", (*args, q.limit, q.offset)).fetchall()
+    if not rows:
+        total = conn.execute(f"SELECT COUNT(*) FROM ({sql}) c", args).fetchone()[0] if q.offset else 0
+        return RolloutMatches(items=[], total=total)
+    columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
+    found = {
+        row[0]: row[1:]
+        for row in conn.execute(
+            f"SELECT r.pos, r.data, {columns} FROM rollouts r{_WITH_DIGEST} WHERE r.pos IN ({','.join([p] * len(rows))})",
+            [row[0] for row in rows],
+        )
+    }
+    items = [
+        ListedRollout(
+            rollout=Rollout.model_validate_json(found[pos][0]),
+            digest=None if found[pos][1] is None else _digest_of(found[pos][1:]),
+        )
+        for pos, _ in rows
+    ]
+    return RolloutMatches(items=items, total=rows[0][1])
