@@ -97,3 +97,20 @@ def test_a_small_benchmark_run_writes_a_file_the_page_shows(tmp_path: Path) -> N
     assert record["command"].startswith("python benchmarks/store_throughput.py --rollouts 16")
     assert record["variant"] == "memory" and len(record["runs"]) == 2
     assert f"[{path.name}](" in md.render(tmp_path)
+
+
+def test_the_docs_point_at_benchmarks_md_and_known_issues_and_no_longer_at_notes() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "BENCHMARKS.md" in readme and "KNOWN_ISSUES.md" in readme
+    assert (ROOT / "KNOWN_ISSUES.md").exists() and not (ROOT / "NOTES.md").exists()
+    sources = [ROOT / "README.md", *(ROOT / "agl").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    sources += [*(ROOT / "scripts").glob("*"), *(ROOT / "examples").rglob("*.py"), ROOT / "Makefile"]
+    assert [p for p in sources if p.is_file() and "NOTES" + ".md" in p.read_text()] == []
+
+
+def test_every_known_issue_names_a_file_that_exists() -> None:
+    items = [line for line in (ROOT / "KNOWN_ISSUES.md").read_text().splitlines() if line.startswith("- ")]
+    assert items
+    for item in items:
+        named = item.split("`")[1].split("::")[0]
+        assert (ROOT / named).exists(), f"KNOWN_ISSUES.md names {named}, which is not there: {item[:80]}"
