@@ -33,6 +33,7 @@ import agl  # noqa: E402
 from agl.algorithm.apo import APO, APOConfig  # noqa: E402
 from agl.schemas import LLM, PromptTemplate  # noqa: E402
 from agl.store import InMemoryLightningStore  # noqa: E402
+from benchmarks import _results  # noqa: E402
 from examples.apo.agent import price_agent  # noqa: E402
 from examples.apo.price_tasks import make_tasks  # noqa: E402
 from examples.apo.simulated_lm import SimulatedLM, SimulatedLMServer  # noqa: E402
@@ -149,7 +150,9 @@ def main() -> None:
     parser.add_argument("--dspy-python", type=Path, default=ROOT / ".venv-dspy" / "bin" / "python")
     parser.add_argument("--out", type=Path, default=None, help="APO metrics and curves go here")
     parser.add_argument("--json", type=Path, default=None)
+    _results.add_arguments(parser)
     args = parser.parse_args()
+    recorder = _results.Recorder("apo_vs_gepa", args)
     names = args.optimizers.split(",")
     sizes = tuple(int(x) for x in args.sizes.split(","))
     assert len(sizes) == 3, "--sizes takes train,val,test"
@@ -173,6 +176,24 @@ def main() -> None:
         if "error" in r:
             print(f"{r['budget']} {r['optimizer']} seed {r['seed']} error: {r['error'][-300:]!r}")
     print(table(results))
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return
+    top = max(r["budget"] for r in ok)
+    first = next(n for n in names if any(r["optimizer"] == n for r in ok))
+    recorder.save(
+        metric=f"{first} test_score at budget {top}",
+        unit="held-out score, per seed",
+        values=[r["test_score"] for r in ok if r["budget"] == top and r["optimizer"] == first],
+        runs=results,
+        summary={
+            f"{name} {budget}": statistics.median(
+                r["test_score"] for r in ok if r["budget"] == budget and r["optimizer"] == name
+            )
+            for budget, name in sorted({(r["budget"], r["optimizer"]) for r in ok})
+        },
+        variant=args.variant,
+    )
 
 
 if __name__ == "__main__":

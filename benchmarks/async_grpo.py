@@ -35,6 +35,7 @@ import openai  # noqa: E402
 
 import agl  # noqa: E402
 from agl.algorithm.grpo import GRPO, GRPOConfig  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 TARGET = 512
 
@@ -135,7 +136,9 @@ def main() -> None:
     parser.add_argument("--final-steps", type=int, default=2, help="steps averaged for the final reward")
     parser.add_argument("--async-first", action="store_true", help="run async before sync (order bias check)")
     parser.add_argument("--json", type=Path, default=None, help="append the rows to this JSONL file")
+    _results.add_arguments(parser)
     args = parser.parse_args()
+    recorder = _results.Recorder("async_grpo", args)
     if args.model == "tiny":
         model_path = str(agl.models.tiny_model())
     elif args.model == "smollm2":
@@ -165,6 +168,14 @@ def main() -> None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             with args.json.open("a") as f:
                 f.write(line + "\n")
+    recorder.save(
+        metric="step_time_ratio_sync_over_async",
+        unit="x, sync step time over async",
+        values=[summary["step_time_ratio_sync_over_async"]],
+        runs=rows,
+        summary=summary,
+        variant=args.model if args.model in ("tiny", "smollm2") else "",
+    )
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from agl import semconv as sc  # noqa: E402
 from agl.dashboard import create_dashboard  # noqa: E402
 from agl.schemas import AttemptStatus, RolloutCreate, Span  # noqa: E402
 from agl.store import SqliteLightningStore  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 
 async def build(store: SqliteLightningStore, n: int, batch: int = 500) -> None:
@@ -239,10 +240,34 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--cold-s", type=float, default=3.0, help="seconds of default pages after opening")
     parser.add_argument("--db", type=Path, default=None, help="reuse this store file (built when missing)")
+    _results.add_arguments(parser, repeat=True)
     args = parser.parse_args()
-    results = asyncio.run(main_async(args))
+    recorder = _results.Recorder("dashboard_api", args)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.db is None and args.repeat > 1:
+            args.db = Path(tmp) / "bench.db"  # built once, measured ``--repeat`` times
+        for _ in range(args.repeat):
+            runs.append({"routes": asyncio.run(main_async(args))})
     if args.json:
-        args.json.write_text("".join(json.dumps(r) + "\n" for r in results))
+        args.json.write_text("".join(json.dumps(r) + "\n" for run in runs for r in run["routes"]))
+    page = "/ui/api/rollouts?limit=50"
+    recorder.save(
+        metric="page_median_ms",
+        unit=f"ms, {page}, {args.rollouts:,} rollouts",
+        values=[next(r["median_ms"] for r in run["routes"] if r["path"] == page) for run in runs],
+        runs=runs,
+        summary={
+            path: round(
+                statistics.median(
+                    next(r["median_ms"] for r in run["routes"] if r["path"] == path) for run in runs
+                ),
+                2,
+            )
+            for path in [r["path"] for r in runs[0]["routes"] if r["median_ms"] is not None]
+        },
+        better="lower",
+    )
 
 
 if __name__ == "__main__":

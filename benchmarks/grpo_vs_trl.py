@@ -59,6 +59,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from agl import semconv as sc  # noqa: E402
 from agl.schemas import Rollout, RolloutStatus, Span  # noqa: E402
+from benchmarks import _results  # noqa: E402
 from benchmarks import _tool_task as tool_task  # noqa: E402
 from benchmarks._trl_side import reward_text  # noqa: E402
 
@@ -91,7 +92,11 @@ def plan_steps(pool: list[dict[str, Any]], steps: int, prompts: int, seed: int) 
     return [rng.sample(pool, min(prompts, len(pool))) for _ in range(steps)]
 
 
+EMITTED: list[dict[str, Any]] = []  # every row printed, for the result file
+
+
 def emit(row: dict[str, Any], json_path: Path | None) -> None:
+    EMITTED.append(row)
     line = json.dumps(row, sort_keys=True)
     print(line, flush=True)
     if json_path is not None:
@@ -560,8 +565,9 @@ def table(rows: dict[str, dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> 
     return "\n".join(lines)
 
 
-def run_single_turn(args: argparse.Namespace, path: Path) -> bool:
-    """Every side ``--rounds`` times, order reversed every other round; False when a side failed."""
+def run_single_turn(args: argparse.Namespace, path: Path) -> tuple[bool, dict[str, list[dict[str, Any]]]]:
+    """Every side ``--rounds`` times, order reversed every other round; False when a side failed, and each
+    side's rounds."""
     sides = [s for s in SIDES if s in args.sides]
     pool = make_pool(args.pool_size, args.seed, args.task)
     plan = plan_steps(pool, args.steps, args.prompts, args.seed)
@@ -590,7 +596,7 @@ def run_single_turn(args: argparse.Namespace, path: Path) -> bool:
     for q in ratio_rows:
         emit(q, args.json)
     print(table(rows, ratio_rows), flush=True)
-    return ok
+    return ok, runs
 
 
 # ----- 5-turn: trajectory vs transition -----------------------------------------------------------------------
@@ -748,6 +754,7 @@ def main() -> None:
     )  # a side's own process
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)  # the model a side loads
+    _results.add_arguments(parser)
     args = parser.parse_args()
     if args.max_tokens is None:
         args.max_tokens = 48 if args.task == "tools" else 32
@@ -786,9 +793,10 @@ def main() -> None:
             got = run_fit(args, path, pool, overlap=args.side == "fit_async")
         args.result.write_text(json.dumps(got))
         return
-    ok = True
+    recorder = _results.Recorder("grpo_vs_trl", args)
+    ok, runs = True, {}
     if not args.skip_single_turn:
-        ok = run_single_turn(args, path)
+        ok, runs = run_single_turn(args, path)
     if not args.skip_multi_turn:
         times = run_multi_turn(args, path, args.json)
         emit(
@@ -800,8 +808,39 @@ def main() -> None:
             },
             args.json,
         )
+    save(recorder, args, runs)
     if not ok:
         raise SystemExit("a side failed: see its log above")
+
+
+def save(
+    recorder: _results.Recorder, args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
+) -> None:
+    """The result file: the first side's step times (every round's steps after the first), or Part 2's ratio."""
+    side = next((s for s in SIDES if runs.get(s)), None)
+    if side is not None:
+        metric, unit = f"{side} step_s", "s per GRPO step (steps after each round's first)"
+        values = [s["step_s"] for run in runs[side] for s in run["steps"][1:]]
+        values = values or [s["step_s"] for run in runs[side] for s in run["steps"]]
+        better = "lower"
+    else:
+        multi = [r for r in EMITTED if r.get("bench") == "grpo_multi_turn_speedup"]
+        if not multi:
+            return
+        metric, unit, better = "trajectory_vs_transition", "x, 5-turn step speed-up", "higher"
+        values = [multi[0]["trajectory_vs_transition"]]
+    variant = args.model + ("-tools" if args.task == "tools" else "")
+    summary = {"rows": EMITTED}
+    rounds = [{"side": s, "round": i, **run} for s, got in runs.items() for i, run in enumerate(got)]
+    recorder.save(
+        metric=metric,
+        unit=unit,
+        values=values,
+        runs=rounds or EMITTED,
+        summary=summary,
+        variant=variant,
+        better=better,
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks import _results  # noqa: E402
+
 
 def _rss_mb() -> float:
     with open("/proc/self/status") as status:
@@ -70,6 +72,7 @@ def measure(
         "activation_checkpointing": checkpointing,
         "peak_rise_mb": round(peak - baseline, 1),
         "seconds_median": round(statistics.median(seconds), 3),
+        "seconds": [round(x, 3) for x in seconds],
     }
 
 
@@ -84,6 +87,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)  # internal: run one variant
+    _results.add_arguments(parser)
     args = parser.parse_args()
     if args.variant is not None:
         chunk = None if args.variant.startswith("full") else args.chunk_tokens
@@ -92,6 +96,7 @@ def main() -> None:
             json.dumps(measure(args.model, args.tokens, args.sequences, chunk, checkpointing, args.repeats))
         )
         return
+    recorder = _results.Recorder("logprob_memory", args)
     results = {}
     for variant in ("full", "chunked", "full+checkpointing", "chunked+checkpointing"):
         command = [sys.executable, __file__, "--variant", variant, *sys.argv[1:]]
@@ -101,19 +106,30 @@ def main() -> None:
     for result in results.values():  # against the plain path: memory saved (x) and time taken (x)
         result["memory_vs_full"] = round(base["peak_rise_mb"] / max(result["peak_rise_mb"], 1.0), 2)
         result["time_vs_full"] = round(result["seconds_median"] / base["seconds_median"], 2)
-    line = json.dumps(
-        {
-            "benchmark": "logprob_memory",
-            "model": args.model,
-            "tokens": args.tokens,
-            "sequences": args.sequences,
-            **results,
-        }
-    )
+    row = {
+        "benchmark": "logprob_memory",
+        "model": args.model,
+        "tokens": args.tokens,
+        "sequences": args.sequences,
+        **results,
+    }
+    line = json.dumps(row)
     print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(line + "\n")
+    recorder.save(  # one peak per variant (a process each); the times of every repeat are in the run
+        metric="chunked+checkpointing memory_vs_full",
+        unit="x less peak memory than full logits",
+        values=[results["chunked+checkpointing"]["memory_vs_full"]],
+        runs=[row],
+        summary={
+            f"{name} {key}": r[key]
+            for name, r in results.items()
+            for key in ("peak_rise_mb", "seconds_median", "memory_vs_full", "time_vs_full")
+        },
+        variant=args.model,
+    )
 
 
 if __name__ == "__main__":

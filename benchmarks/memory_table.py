@@ -34,6 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks import _results  # noqa: E402
+
 GB = 1024**3
 
 
@@ -157,6 +159,7 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: "mb:ckpt:trim:length"
+    _results.add_arguments(parser)
     args = parser.parse_args()
     if args.one is not None:
         mb, ckpt, trim, length = args.one.split(":")
@@ -174,6 +177,7 @@ def main() -> None:
             for mb in args.micro_batches.split(",")
             for ckpt in args.checkpointing.split(",")
         ]
+    recorder = _results.Recorder("memory_table", args)
     rows = []
     argv = sys.argv[1:]
     passthrough = [a for i, a in enumerate(argv) if not a.startswith("--cell") and argv[i - 1] != "--cell"]
@@ -186,6 +190,20 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recorder.save(
+        metric="peak_rss_gb",
+        unit="GB peak RSS, per cell",
+        values=[r["peak_rss_gb"] for r in rows],
+        runs=rows,
+        summary={
+            f"{r['micro_batch']} ckpt={r['checkpointing']} length={r['length']}": {
+                k: r[k] for k in ("peak_rss_gb", "tokens_per_s", "rss_after_steps_gb")
+            }
+            for r in rows
+        },
+        variant=args.model + (f"-{args.cell}" if args.cell else "") + ("-in-use" if args.in_use else ""),
+        better="lower",
+    )
 
 
 if __name__ == "__main__":

@@ -18,17 +18,20 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 from agl.algorithm.policy.logprobs import token_logprobs  # noqa: E402
 from agl.algorithm.policy.model import enable_activation_checkpointing  # noqa: E402
 from agl.compute.precision import autocast, cpu_has_native_bf16  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 
 def _model_path(name: str) -> Path:
@@ -68,7 +71,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="append the result as one JSON line")
+    _results.add_arguments(parser)
     args = parser.parse_args()
+    recorder = _results.Recorder("precision_cpu", args)
     for name in ("batch", "length", "new_tokens", "repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -86,6 +91,7 @@ def main() -> None:
         "model": args.model,
         "native_bf16": cpu_has_native_bf16(),
     }
+    every: dict[str, dict[str, list[float]]] = {}  # each repeat's seconds or tokens/s, for the result file
     for checkpointing in (True, False):
         if checkpointing:
             enable_activation_checkpointing(model)
@@ -97,6 +103,7 @@ def main() -> None:
             for precision in ("fp32", "bf16"):
                 times[precision].append(_update_s(model, ids, precision))
         key = "update_ckpt" if checkpointing else "update"
+        every[key] = times
         row[key] = {p: round(statistics.median(t), 3) for p, t in times.items()}
         row[key]["speedup"] = round(row[key]["fp32"] / row[key]["bf16"], 2)
 
@@ -113,6 +120,7 @@ def main() -> None:
             gen_times[precision].append(sum(len(c.token_ids) for c in gen.choices) / seconds)
             if precision == "bf16":
                 sampled = gen
+    every["generate_tok_per_s"] = gen_times
     row["generate_tok_per_s"] = {p: round(statistics.median(t), 1) for p, t in gen_times.items()}
     row["generate_tok_per_s"]["speedup"] = round(
         row["generate_tok_per_s"]["bf16"] / row["generate_tok_per_s"]["fp32"], 2
@@ -146,6 +154,16 @@ def main() -> None:
     if args.json:
         with args.json.open("a") as f:
             f.write(json.dumps(row) + "\n")
+    recorder.save(
+        metric="update speedup",
+        unit="x, bf16 over fp32 forward + backward",
+        values=[
+            round(f / b, 3) for f, b in zip(every["update"]["fp32"], every["update"]["bf16"], strict=True)
+        ],
+        runs=[{key: {p: [round(x, 3) for x in xs] for p, xs in got.items()} for key, got in every.items()}],
+        summary=row,
+        variant=args.model,
+    )
 
 
 if __name__ == "__main__":

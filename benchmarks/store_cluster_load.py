@@ -54,6 +54,7 @@ from store_throughput import attribute_pool  # noqa: E402
 
 from agl.schemas import AttemptStatus, RolloutCreate, Span  # noqa: E402
 from agl.store import LightningStore  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -439,12 +440,24 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
     parser.add_argument("--py-spy", type=Path, default=None, help="record the servers with py-spy into DIR")
+    _results.add_arguments(parser, repeat=True)
     args = parser.parse_args()
-    line = json.dumps(asyncio.run(run(args)))
-    print(line)
+    recorder = _results.Recorder("store_cluster_load", args)
+    runs = []
+    for _ in range(args.repeat):
+        runs.append(asyncio.run(run(args)))
+        print(json.dumps(runs[-1]), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(line + "\n")
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    recorder.save(
+        metric="spans_per_s",
+        unit=f"spans/s stored, {args.runners:,} runners",
+        values=[r["spans_per_s"] for r in runs],
+        runs=runs,
+        variant=_results.backend_name(args.backend)
+        + (f"-{args.servers}-servers" if args.servers > 1 else ""),
+    )
 
 
 if __name__ == "__main__":

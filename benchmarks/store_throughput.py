@@ -37,6 +37,7 @@ from agl.store import (  # noqa: E402
     StoreWithReadModel,
     open_store,
 )
+from benchmarks import _results  # noqa: E402
 
 
 def attribute_pool(n: int, seed: int, target_bytes: int = 6000) -> list[dict[str, Any]]:
@@ -384,14 +385,25 @@ def main() -> None:
     parser.add_argument("--runners", type=int, default=32)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds an agent sleeps per round")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None, help="also write the JSON line here")
+    parser.add_argument("--json", type=Path, default=None, help="also write the JSON line(s) here")
+    _results.add_arguments(parser, repeat=True)
     args = parser.parse_args()
-    result = asyncio.run(run_http(args) if args.http else run(args))
-    line = json.dumps(result)
-    print(line)
+    recorder = _results.Recorder("store_throughput", args)
+    runs = []
+    for _ in range(args.repeat):
+        result = asyncio.run(run_http(args) if args.http else run(args))
+        print(json.dumps(result), flush=True)
+        runs.append(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(line + "\n")
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    recorder.save(
+        metric="rollouts_per_s",
+        unit="rollouts/s",
+        values=[r["rollouts_per_s"] for r in runs],
+        runs=runs,
+        variant=("http-" if args.http else "") + _results.backend_name(args.backend),
+    )
 
 
 if __name__ == "__main__":

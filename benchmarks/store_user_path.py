@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _user_path_agent import cpu_s, free_port, work  # noqa: E402
 
 from agl.schemas import RolloutCreate  # noqa: E402
+from benchmarks import _results  # noqa: E402
 
 
 def _runner_process(url: str, index: int, concurrency: int, out: Any, go: Any) -> None:
@@ -188,12 +189,14 @@ def main() -> None:
         "(needs `bash scripts/setup_agentlightning.sh`)",
     )
     parser.add_argument("--agentlightning-python", type=Path, default=AGENTLIGHTNING_PYTHON)
+    _results.add_arguments(parser)
     args = parser.parse_args()
     if args.agentlightning and not args.agentlightning_python.exists():
         parser.error(
             f"agentlightning's side needs {args.agentlightning_python}: run "
             "`bash scripts/setup_agentlightning.sh` (makes .venv-agentlightning) or pass --agentlightning-python"
         )
+    recorder = _results.Recorder("store_user_path", args)
     runs, theirs = [], []
     for n in range(args.repeat):
         sides = ["agl", "agentlightning"] if args.agentlightning else ["agl"]
@@ -212,6 +215,14 @@ def main() -> None:
         summary["agentlightning_median_rollouts_per_s"] = their_median
         summary["vs_agentlightning_same_run"] = round(median / their_median, 2)
     print(json.dumps(summary))
+    recorder.save(
+        metric="rollouts_per_s",
+        unit="rollouts/s",
+        values=[r["rollouts_per_s"] for r in runs],
+        runs=runs + theirs,
+        summary=summary,
+        variant=_results.backend_name(args.backend) + ("-vs-agentlightning" if theirs else ""),
+    )
 
 
 if __name__ == "__main__":

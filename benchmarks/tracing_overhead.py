@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
 from agl.schemas import Attempt, Rollout  # noqa: E402
 from agl.tracer import RolloutContext, instrument, rollout_context, uninstrument  # noqa: E402
+from benchmarks import _results  # noqa: E402
 from examples.apo.simulated_lm import SimulatedLMServer  # noqa: E402
 
 MESSAGES = [
@@ -43,16 +44,8 @@ def block(client: openai.OpenAI, n: int) -> list[float]:
     return times
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--calls", type=int, default=900, help="calls per mode")
-    parser.add_argument(
-        "--blocks", type=int, default=30, help="alternations of the three modes (more: less drift)"
-    )
-    parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> dict[str, float | int | str]:
+    """One measurement: ``--blocks`` alternations of the three modes, medians per call."""
     rollout = Rollout(rollout_id="ro-bench", created_at=0, updated_at=0)
     ctx = RolloutContext(
         rollout=rollout,
@@ -91,9 +84,34 @@ def main() -> None:
         "agl_part_p50_ms": round(p50(traced) - p50(bare), 3),
         "convert_ms_per_span": round(convert_s * 1000 / max(converted, 1), 3),
     }
-    print(json.dumps(result))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--calls", type=int, default=900, help="calls per mode")
+    parser.add_argument(
+        "--blocks", type=int, default=30, help="alternations of the three modes (more: less drift)"
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    _results.add_arguments(parser, repeat=True)
+    args = parser.parse_args()
+    recorder = _results.Recorder("tracing_overhead", args)
+    runs = []
+    for _ in range(args.repeat):
+        runs.append(measure(args))
+        print(json.dumps(runs[-1]), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(result) + "\n")
+        args.json.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    recorder.save(
+        metric="overhead_p50_ms",
+        unit="ms per call",
+        values=[float(r["overhead_p50_ms"]) for r in runs],
+        runs=runs,
+        better="lower",
+    )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def device_kind(device: str | torch.device) -> str:
 
 
 def checkpointing_for(setting: Checkpointing, device: str | torch.device) -> bool:
-    """``"auto"``: on for CPU (2.6-3x less memory per token: NOTES.md), off on CUDA, where the recomputed
+    """``"auto"``: on for CPU (2.6-3x less memory per token: benchmarks/logprob_memory.py), off on CUDA, where the recomputed
     forward costs about a third more compute and the auto micro-batch keeps memory bounded."""
     if setting == "auto":
         return device_kind(device) == "cpu"

@@ -2,7 +2,8 @@
 
 ``"auto"`` picks bf16 on a CPU with native bf16 instructions (AVX512-BF16 or AMX): there a SmolLM2 forward
 and backward runs 2.2x faster under ``torch.autocast``, with fp32 weights, optimizer state and log-softmax
-kept as they are, and the built-in engine generates 1.6x faster from a bf16 copy of the weights (NOTES.md).
+kept as they are, and the built-in engine generates 1.6x faster from a bf16 copy of the weights
+(`benchmarks/precision_cpu.py`).
 Elsewhere, and on CUDA (not measured here yet), it keeps fp32. The engine and the policy resolve ``"auto"``
 the same way, so the engine's sampling logprobs and the trainer's agree to bf16 rounding (mean |d logprob|
 0.03 on SmolLM2, ``benchmarks/precision_cpu.py``), well inside the loss's clip range. The environment

@@ -1,7 +1,7 @@
 """The calls every runner makes per rollout, answered without FastAPI's per-request machinery.
 
 FastAPI resolves dependencies, validates and serializes through several layers on each request,
-about 130 µs a call: a fifth of the server's CPU when runners keep it busy (NOTES.md). A hot route
+about 130 µs a call: a fifth of the server's CPU when runners keep it busy. A hot route
 parses with the same wire model, runs the same call and writes the same body and errors. FastAPI
 still declares these routes, so they stay in ``/openapi.json``; a test checks both paths answer alike.
 Two differences, both lenient: a body sent without a JSON Content-Type is still read, and bad JSON is

@@ -43,7 +43,7 @@ class PostgresLightningStore(SqlLightningStore):
         schema: the PostgreSQL schema holding agl's tables (created when missing); one per deployment.
         connections: database connections that run groups of calls side by side (plus one that
             listens for completions); ``?connections=N`` in a store URL. On one 2-core machine with the
-            runners beside it two gave no measurable change (NOTES.md), so one is the default.
+            runners beside it two gave no measurable change, so one is the default.
     """
 
     dialect = POSTGRES

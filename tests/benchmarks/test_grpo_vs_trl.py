@@ -25,7 +25,7 @@ SMALL += ["--max-tokens", "8", "--skip-multi-turn"]
 def _bench(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, str(SCRIPT), *args, "--no-save"],
         cwd=ROOT,
         env=env,
         capture_output=True,

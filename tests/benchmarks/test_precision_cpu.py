@@ -22,7 +22,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_benchmark_times_both_precisions_and_measures_the_logprob_gap(tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
     small = ["--model", "tiny", "--repeats", "1", "--batch", "2", "--length", "16", "--new-tokens", "6"]
-    run = _bench(*small, "--json", str(out))
+    run = _bench(*small, "--json", str(out), "--results-dir", str(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     for key in ("update", "update_ckpt", "generate_tok_per_s"):
@@ -33,5 +33,5 @@ def test_the_benchmark_times_both_precisions_and_measures_the_logprob_gap(tmp_pa
 
 
 def test_a_bad_size_is_named() -> None:
-    run = _bench("--model", "tiny", "--repeats", "0")
+    run = _bench("--model", "tiny", "--repeats", "0", "--no-save")
     assert run.returncode == 2 and "--repeats must be >= 1, got 0" in run.stderr

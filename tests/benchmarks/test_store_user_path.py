@@ -20,7 +20,18 @@ AGENTLIGHTNING_PYTHON = ROOT / ".venv-agentlightning" / "bin" / "python"
 
 def _bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), "--tasks", "24", "--runners", "4", "--processes", "2", *args],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--tasks",
+            "24",
+            "--runners",
+            "4",
+            "--processes",
+            "2",
+            "--no-save",
+            *args,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
