@@ -15,6 +15,7 @@ import hmac
 import importlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
@@ -128,40 +129,73 @@ def _view(x: ListedRollout) -> dict[str, Any]:
     return views.rollout_view(x.rollout, *((x.digest.reward, x.digest.agent) if x.digest else (None, None)))
 
 
-def create_dashboard(
-    store: LightningStore, *, token: str | None = None, metrics_dir: str | Path | None = None
-) -> Starlette:
-    """The dashboard over ``store``: the page at ``/ui/``, the JSON API at ``/ui/api/...``.
+@dataclass
+class _Context:
+    """What every route group reads: the store, the metrics directory and the curves computed last."""
 
-    ``metrics_dir`` is a training output directory; its ``metrics.csv`` files become charts.
-    """
-    expected = f"Bearer {token}".encode() if token else None
-    metrics_path = Path(metrics_dir) if metrics_dir is not None else None
+    store: LightningStore
+    metrics_path: Path | None
+    last_curves: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
 
-    def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            if expected is not None:
-                given = request.headers.get("authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    return _error(
-                        401,
-                        "UnauthorizedError",
-                        "missing or wrong bearer token; open the dashboard as /ui/?token=<token>",
-                    )
-            try:
-                return _json(await handler(request))
-            except BadRequest as exc:
-                return _error(422, "ValidationError", exc.message, exc.field)
-            except errors.NotFoundError as exc:
-                return _error(404, type(exc).__name__, exc.message)
-            except errors.StoreUnavailableError as exc:
-                return _error(503, type(exc).__name__, exc.message)
-            except errors.AglError as exc:
-                return _error(400, type(exc).__name__, exc.message, getattr(exc, "param", None))
-            except ImportError as exc:  # the GRPO views need torch (agl[train]); the rest does not
-                return _error(501, "MissingDependency", f"this view needs agl[train] installed: {exc}")
+    async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
+        """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
+        page = await self.store.query_digests(rollout_ids=[r.rollout_id for r in rollouts])
+        found = {d.rollout_id: d for d in page.items}
+        return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
 
-        return endpoint
+    async def version(self, resources_id: str | None) -> ResourcesVersion | None:
+        """The resources version ``resources_id`` names, or None (none named, or not stored)."""
+        if resources_id:
+            with contextlib.suppress(errors.NotFoundError):
+                return await self.store.get_resources(resources_id)
+        return None
+
+    async def group_members(self, group_id: str) -> tuple[list[Rollout], dict[str, list[Span]]]:
+        """A group's rollouts (oldest first) and the spans of each one's latest attempt."""
+        store = self.store
+        members = (await store.query_rollouts(group_id=group_id, order_by="created_at", limit=1000)).items
+        if not members:
+            raise errors.NotFoundError(f"no rollout has group_id {group_id!r}")
+        pages = await asyncio.gather(
+            *(
+                store.query_spans(rollout_id=r.rollout_id, attempt_id="latest", limit=MAX_SPANS)
+                for r in members
+            )
+        )
+        return members, {r.rollout_id: p.items for r, p in zip(members, pages, strict=True)}
+
+
+def _api(handler: Handler, expected: bytes | None) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` behind the bearer token, its answer as JSON and its errors as status codes."""
+
+    async def endpoint(request: Request) -> Response:
+        if expected is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error(
+                    401,
+                    "UnauthorizedError",
+                    "missing or wrong bearer token; open the dashboard as /ui/?token=<token>",
+                )
+        try:
+            return _json(await handler(request))
+        except BadRequest as exc:
+            return _error(422, "ValidationError", exc.message, exc.field)
+        except errors.NotFoundError as exc:
+            return _error(404, type(exc).__name__, exc.message)
+        except errors.StoreUnavailableError as exc:
+            return _error(503, type(exc).__name__, exc.message)
+        except errors.AglError as exc:
+            return _error(400, type(exc).__name__, exc.message, getattr(exc, "param", None))
+        except ImportError as exc:  # the GRPO views need torch (agl[train]); the rest does not
+            return _error(501, "MissingDependency", f"this view needs agl[train] installed: {exc}")
+
+    return endpoint
+
+
+def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
+    """The store's counts, the rollout list (paged, searched, sorted), one rollout, one span in full."""
+    store = ctx.store
 
     async def summary(request: Request) -> dict[str, Any]:
         stats = await store.statistics()
@@ -169,14 +203,8 @@ def create_dashboard(
         return {
             "statistics": stats.model_dump(mode="json"),
             "latest_resources_id": latest.resources_id if latest else None,
-            "metrics": metrics_path is not None,
+            "metrics": ctx.metrics_path is not None,
         }
-
-    async def facts(rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
-        """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
-        page = await store.query_digests(rollout_ids=[r.rollout_id for r in rollouts])
-        found = {d.rollout_id: d for d in page.items}
-        return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
 
     async def rollouts(request: Request) -> dict[str, Any]:
         limit = _int(request, "limit", 50, 1, 1000)
@@ -204,7 +232,7 @@ def create_dashboard(
                 limit=limit,
                 cursor=q.get("cursor") or None,
             )
-            known = await facts(page.items)
+            known = await ctx.facts(page.items)
             return {
                 "items": [views.rollout_view(r, w, a) for r, (w, a) in zip(page.items, known, strict=True)],
                 "next_cursor": page.next_cursor,
@@ -246,10 +274,7 @@ def create_dashboard(
         view = views.rollout_view(
             found, final_reward(spans), views.reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
         )
-        version = None
-        if found.resources_id:
-            with contextlib.suppress(errors.NotFoundError):
-                version = await store.get_resources(found.resources_id)
+        version = await ctx.version(found.resources_id)
         view["resources_version"] = version.version if version else None
         view["model_version"] = views.model_version(version) if version else None
         return {
@@ -273,27 +298,24 @@ def create_dashboard(
             if (cursor := page.next_cursor) is None:
                 raise errors.NotFoundError(f"rollout {rollout_id!r} has no span {span_id!r}")
 
-    async def group_members(group_id: str) -> tuple[list[Rollout], dict[str, list[Span]]]:
-        members = (await store.query_rollouts(group_id=group_id, order_by="created_at", limit=1000)).items
-        if not members:
-            raise errors.NotFoundError(f"no rollout has group_id {group_id!r}")
-        pages = await asyncio.gather(
-            *(
-                store.query_spans(rollout_id=r.rollout_id, attempt_id="latest", limit=MAX_SPANS)
-                for r in members
-            )
-        )
-        return members, {r.rollout_id: p.items for r, p in zip(members, pages, strict=True)}
+    return {
+        "/api/summary": summary,
+        "/api/rollouts": rollouts,
+        "/api/rollouts/{rollout_id}": rollout,
+        "/api/rollouts/{rollout_id}/spans/{span_id}": span,
+    }
+
+
+def _training_routes(ctx: _Context) -> dict[str, Handler]:
+    """GRPO's view of the store: the groups of a step, one group, what one rollout trains on."""
+    store = ctx.store
 
     async def group(request: Request) -> dict[str, Any]:
         group_id = request.path_params["group_id"]
-        members, spans = await group_members(group_id)
+        members, spans = await ctx.group_members(group_id)
         analysis = await asyncio.to_thread(training.analyse_group, members, spans, _settings(request))
         first = members[0]
-        version = None
-        if first.resources_id:
-            with contextlib.suppress(errors.NotFoundError):
-                version = await store.get_resources(first.resources_id)
+        version = await ctx.version(first.resources_id)
         return {
             "group_id": group_id,
             "input": views.redact(first.input),
@@ -332,53 +354,66 @@ def create_dashboard(
             rows += page.items
             if not page.items or len(rows) >= page.total:
                 break
-        found = [x.rollout for x in rows if x.rollout.group_id]
-        rewards = {x.rollout.rollout_id: x.digest.reward if x.digest else None for x in rows}
-        by_group: dict[str, list[Rollout]] = {}
-        for r in reversed(found):  # oldest first
-            by_group.setdefault(r.group_id or "", []).append(r)
         # the package imports torch: seconds, once, and not on the event loop
         grpo = await asyncio.to_thread(importlib.import_module, "agl.algorithm.grpo")
-        zero_variance_groups = grpo.zero_variance_groups
-
-        out = []
-        for group_id, members in by_group.items():
-            done = [rewards[r.rollout_id] for r in members if r.status == RolloutStatus.SUCCEEDED]
-            values = [w or 0.0 for w in done]
-            out.append(
-                {
-                    "group_id": group_id,
-                    "input": views.redact(members[0].input),
-                    "mode": members[0].mode,
-                    "resources_id": members[0].resources_id,
-                    "step": members[0].metadata.get("step"),
-                    "rollouts": len(members),
-                    "rewards": [rewards[r.rollout_id] for r in members],
-                    "mean": sum(values) / len(values) if values else None,
-                    "zero_variance": bool(values) and bool(zero_variance_groups(values, ["g"] * len(values))),
-                    "finished": all(r.status.is_terminal for r in members),
-                }
-            )
-        return {"items": out}
+        return {"items": _group_rows(rows, grpo.zero_variance_groups)}
 
     async def rollout_training(request: Request) -> dict[str, Any]:
         rollout_id = request.path_params["rollout_id"]
         found = await store.get_rollout(rollout_id)
         if found.group_id:
-            members, spans = await group_members(found.group_id)
+            members, spans = await ctx.group_members(found.group_id)
         else:
             page = await store.query_spans(rollout_id=rollout_id, attempt_id="latest", limit=MAX_SPANS)
             members, spans = [found], {rollout_id: page.items}
         tokenizer = None
-        if found.resources_id and request.query_params.get("tokens") != "ids":
-            with contextlib.suppress(errors.NotFoundError):
-                uri = training.weights_uri(await store.get_resources(found.resources_id))
-                if uri is not None:
-                    tokenizer = await asyncio.to_thread(training.load_tokenizer, uri)
+        if request.query_params.get("tokens") != "ids":
+            uri = training.weights_uri(await ctx.version(found.resources_id))
+            if uri is not None:
+                tokenizer = await asyncio.to_thread(training.load_tokenizer, uri)
         mine = next((r for r in members if r.rollout_id == rollout_id), found)
         return await asyncio.to_thread(
             training.analyse_rollout, mine, members, spans, _settings(request), tokenizer
         )
+
+    return {
+        "/api/rollouts/{rollout_id}/training": rollout_training,
+        "/api/groups": groups,
+        "/api/groups/{group_id}": group,
+    }
+
+
+def _group_rows(rows: list[ListedRollout], zero_variance_groups: Callable[..., Any]) -> list[dict[str, Any]]:
+    """One row per GRPO group among ``rows`` (newest first): its rewards, mean and zero variance."""
+    found = [x.rollout for x in rows if x.rollout.group_id]
+    rewards = {x.rollout.rollout_id: x.digest.reward if x.digest else None for x in rows}
+    by_group: dict[str, list[Rollout]] = {}
+    for r in reversed(found):  # oldest first
+        by_group.setdefault(r.group_id or "", []).append(r)
+    out = []
+    for group_id, members in by_group.items():
+        done = [rewards[r.rollout_id] for r in members if r.status == RolloutStatus.SUCCEEDED]
+        values = [w or 0.0 for w in done]
+        out.append(
+            {
+                "group_id": group_id,
+                "input": views.redact(members[0].input),
+                "mode": members[0].mode,
+                "resources_id": members[0].resources_id,
+                "step": members[0].metadata.get("step"),
+                "rollouts": len(members),
+                "rewards": [rewards[r.rollout_id] for r in members],
+                "mean": sum(values) / len(values) if values else None,
+                "zero_variance": bool(values) and bool(zero_variance_groups(values, ["g"] * len(values))),
+                "finished": all(r.status.is_terminal for r in members),
+            }
+        )
+    return out
+
+
+def _resources_routes(ctx: _Context) -> dict[str, Handler]:
+    """Resources versions and their diffs, the reward curves, and the metrics.csv runs."""
+    store = ctx.store
 
     async def resources(request: Request) -> dict[str, Any]:
         versions = []
@@ -414,64 +449,79 @@ def create_dashboard(
             "diff": views.resources_diff(old, version),
         }
 
-    last_curves: list[Any] = [0.0, None]  # (monotonic time, answer)
-
     async def curves(request: Request) -> dict[str, Any]:
-        if last_curves[1] is None or time.monotonic() - last_curves[0] > CURVES_TTL_S:
-            last_curves[:] = [time.monotonic(), await compute_curves()]
-        return last_curves[1]  # type: ignore[no-any-return]
-
-    async def compute_curves() -> dict[str, Any]:
-        """Reward of recently finished rollouts, over time and as a mean per resources version and mode."""
-        found: list[Rollout] = []
-        cursor = None
-        while len(found) < CURVE_ROLLOUTS:
-            page = await store.query_rollouts(
-                status=FINISHED, order_by="updated_at", descending=True, limit=1000, cursor=cursor
-            )
-            found.extend(page.items)
-            if (cursor := page.next_cursor) is None:
-                break
-        found = found[:CURVE_ROLLOUTS][::-1]
-        rewards = [reward for reward, _ in await facts(found)]
-        points: list[dict[str, Any]] = [
-            {
-                "rollout_id": r.rollout_id,
-                "t": r.ended_at or r.updated_at,
-                "reward": w,
-                "mode": r.mode,
-                "resources_id": r.resources_id,
-            }
-            for r, w in zip(found, rewards, strict=True)
-            if w is not None
-        ]
-        sums: dict[tuple[str | None, str], list[float]] = {}
-        for p in points:
-            sums.setdefault((p["resources_id"], p["mode"]), []).append(p["reward"])
-        order: dict[str | None, int] = {}
-        for p in points:
-            order.setdefault(p["resources_id"], len(order))
-        versions = {}
-        for rid in order:
-            if rid is not None:
-                try:
-                    versions[rid] = (await store.get_resources(rid)).version
-                except errors.NotFoundError:
-                    continue
-        by_version = []
-        for rid in sorted(order, key=lambda r: (versions.get(r, -1) if r else -1, order[r])):
-            row: dict[str, Any] = {"resources_id": rid, "version": versions.get(rid) if rid else None}
-            for mode in ("train", "val"):
-                values = sums.get((rid, mode), [])
-                row[f"{mode}_mean"] = sum(values) / len(values) if values else None
-                row[f"{mode}_count"] = len(values)
-            by_version.append(row)
-        return {"points": points, "by_version": by_version}
+        last = ctx.last_curves
+        if last[1] is None or time.monotonic() - last[0] > CURVES_TTL_S:
+            last[:] = [time.monotonic(), await _compute_curves(ctx)]
+        return last[1]  # type: ignore[no-any-return]
 
     async def metrics(request: Request) -> dict[str, Any]:
-        if metrics_path is None:
+        if ctx.metrics_path is None:
             return {"runs": [], "configured": False}
-        return {"runs": await asyncio.to_thread(views.read_metrics, metrics_path), "configured": True}
+        return {"runs": await asyncio.to_thread(views.read_metrics, ctx.metrics_path), "configured": True}
+
+    return {
+        "/api/resources": resources,
+        "/api/resources/{resources_id}/diff": resources_diff,
+        "/api/curves": curves,
+        "/api/metrics": metrics,
+    }
+
+
+async def _compute_curves(ctx: _Context) -> dict[str, Any]:
+    """Reward of recently finished rollouts, over time and as a mean per resources version and mode."""
+    found: list[Rollout] = []
+    cursor = None
+    while len(found) < CURVE_ROLLOUTS:
+        page = await ctx.store.query_rollouts(
+            status=FINISHED, order_by="updated_at", descending=True, limit=1000, cursor=cursor
+        )
+        found.extend(page.items)
+        if (cursor := page.next_cursor) is None:
+            break
+    found = found[:CURVE_ROLLOUTS][::-1]
+    rewards = [reward for reward, _ in await ctx.facts(found)]
+    points: list[dict[str, Any]] = [
+        {
+            "rollout_id": r.rollout_id,
+            "t": r.ended_at or r.updated_at,
+            "reward": w,
+            "mode": r.mode,
+            "resources_id": r.resources_id,
+        }
+        for r, w in zip(found, rewards, strict=True)
+        if w is not None
+    ]
+    sums: dict[tuple[str | None, str], list[float]] = {}
+    for p in points:
+        sums.setdefault((p["resources_id"], p["mode"]), []).append(p["reward"])
+    order: dict[str | None, int] = {}
+    for p in points:
+        order.setdefault(p["resources_id"], len(order))
+    versions = {}
+    for rid in order:
+        if rid is not None and (version := await ctx.version(rid)) is not None:
+            versions[rid] = version.version
+    by_version = []
+    for rid in sorted(order, key=lambda r: (versions.get(r, -1) if r else -1, order[r])):
+        row: dict[str, Any] = {"resources_id": rid, "version": versions.get(rid) if rid else None}
+        for mode in ("train", "val"):
+            values = sums.get((rid, mode), [])
+            row[f"{mode}_mean"] = sum(values) / len(values) if values else None
+            row[f"{mode}_count"] = len(values)
+        by_version.append(row)
+    return {"points": points, "by_version": by_version}
+
+
+def create_dashboard(
+    store: LightningStore, *, token: str | None = None, metrics_dir: str | Path | None = None
+) -> Starlette:
+    """The dashboard over ``store``: the page at ``/ui/``, the JSON API at ``/ui/api/...``.
+
+    ``metrics_dir`` is a training output directory; its ``metrics.csv`` files become charts.
+    """
+    expected = f"Bearer {token}".encode() if token else None
+    ctx = _Context(store, Path(metrics_dir) if metrics_dir is not None else None)
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
@@ -483,19 +533,10 @@ def create_dashboard(
     async def unknown_api(request: Request) -> Response:
         return _error(404, "NotFoundError", f"no dashboard API at {request.url.path}")
 
+    handlers = {**_rollout_routes(ctx), **_training_routes(ctx), **_resources_routes(ctx)}
     routes = [
         Route("/", index),
-        Route("/api/summary", api(summary)),
-        Route("/api/rollouts", api(rollouts)),
-        Route("/api/rollouts/{rollout_id}", api(rollout)),
-        Route("/api/rollouts/{rollout_id}/training", api(rollout_training)),
-        Route("/api/rollouts/{rollout_id}/spans/{span_id}", api(span)),
-        Route("/api/groups", api(groups)),
-        Route("/api/groups/{group_id}", api(group)),
-        Route("/api/resources", api(resources)),
-        Route("/api/resources/{resources_id}/diff", api(resources_diff)),
-        Route("/api/curves", api(curves)),
-        Route("/api/metrics", api(metrics)),
+        *(Route(path, _api(handler, expected)) for path, handler in handlers.items()),
         Route("/api/{rest:path}", unknown_api),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
