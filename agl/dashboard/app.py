@@ -125,8 +125,9 @@ def _previous(versions: list[ResourcesVersion]) -> dict[str, str]:
     return {b.resources_id: a.resources_id for a, b in zip(ordered, ordered[1:], strict=False)}
 
 
-def _view(x: ListedRollout) -> dict[str, Any]:
-    return views.rollout_view(x.rollout, *((x.digest.reward, x.digest.agent) if x.digest else (None, None)))
+def _view(x: ListedRollout, started_at: float | None) -> dict[str, Any]:
+    reward, agent = (x.digest.reward, x.digest.agent) if x.digest else (None, None)
+    return views.rollout_view(x.rollout, reward, agent, started_at)
 
 
 @dataclass
@@ -142,6 +143,12 @@ class _Context:
         page = await self.store.query_digests(rollout_ids=[r.rollout_id for r in rollouts])
         found = {d.rollout_id: d for d in page.items}
         return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
+
+    async def first_starts(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """When each ended rollout's first attempt started (what its run time counts from)."""
+        ended = [r.rollout_id for r in rollouts if r.ended_at is not None]
+        pages = await asyncio.gather(*(self.store.query_attempts(rollout_id=i, limit=1) for i in ended))
+        return {i: p.items[0].started_at for i, p in zip(ended, pages, strict=True) if p.items}
 
     async def version(self, resources_id: str | None) -> ResourcesVersion | None:
         """The resources version ``resources_id`` names, or None (none named, or not stored)."""
@@ -232,9 +239,12 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
                 limit=limit,
                 cursor=q.get("cursor") or None,
             )
-            known = await ctx.facts(page.items)
+            known, starts = await asyncio.gather(ctx.facts(page.items), ctx.first_starts(page.items))
             return {
-                "items": [views.rollout_view(r, w, a) for r, (w, a) in zip(page.items, known, strict=True)],
+                "items": [
+                    views.rollout_view(r, w, a, starts.get(r.rollout_id))
+                    for r, (w, a) in zip(page.items, known, strict=True)
+                ],
                 "next_cursor": page.next_cursor,
             }
         offset = _offset(q.get("cursor"))
@@ -253,8 +263,9 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
                 offset=offset,
             )
         )
+        starts = await ctx.first_starts([x.rollout for x in found.items])
         return {
-            "items": [_view(x) for x in found.items],
+            "items": [_view(x, starts.get(x.rollout.rollout_id)) for x in found.items],
             "next_cursor": f"@{offset + limit}" if offset + limit < found.total else None,
             "total": found.total,
         }
@@ -271,8 +282,9 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
         if attempt_id is not None:
             page = await store.query_spans(rollout_id=rollout_id, attempt_id=attempt_id, limit=MAX_SPANS)
             spans, more = page.items, page.next_cursor
+        agent = views.reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
         view = views.rollout_view(
-            found, final_reward(spans), views.reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
+            found, final_reward(spans), agent, attempts[0].started_at if attempts else None
         )
         version = await ctx.version(found.resources_id)
         view["resources_version"] = version.version if version else None

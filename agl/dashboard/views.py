@@ -17,7 +17,6 @@ import orjson
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.schemas import LLMCall, ModelWeights, PromptTemplate, ResourcesVersion, Rollout, Span
-from agl.store.base import duration_s
 
 #: attributes too bulky to ship to a browser; the view keeps their length instead
 _BULKY = (
@@ -254,12 +253,19 @@ def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
     return out
 
 
-def rollout_view(rollout: Rollout, reward: float | None, agent: str | None = None) -> dict[str, Any]:
-    """A rollout, secrets hidden, with its final reward, agent name and run time (None while it runs)."""
+def rollout_view(
+    rollout: Rollout, reward: float | None, agent: str | None = None, started_at: float | None = None
+) -> dict[str, Any]:
+    """A rollout, secrets hidden, with its final reward, agent name and run time (None while it runs).
+
+    The run time counts from ``started_at``, its first attempt's start (a claim), to its end: the
+    rollout's own ``started_at`` is stamped at its first span, often just before the end.
+    """
     view: dict[str, Any] = redact(rollout.model_dump(mode="json"))
     view["reward"] = reward
     view["agent"] = agent
-    view["duration_s"] = duration_s(rollout)
+    ended = rollout.ended_at
+    view["duration_s"] = ended - started_at if ended is not None and started_at is not None else None
     return view
 
 
