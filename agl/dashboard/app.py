@@ -137,6 +137,7 @@ class _Context:
     store: LightningStore
     metrics_path: Path | None
     last_curves: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
+    tokenizers: training.Tokenizers = field(default_factory=training.Tokenizers)
 
     async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
         """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
@@ -378,14 +379,15 @@ def _training_routes(ctx: _Context) -> dict[str, Handler]:
         else:
             page = await store.query_spans(rollout_id=rollout_id, attempt_id="latest", limit=MAX_SPANS)
             members, spans = [found], {rollout_id: page.items}
-        tokenizer = None
+        tokenizer, loading = None, False
         if request.query_params.get("tokens") != "ids":
             uri = training.weights_uri(await ctx.version(found.resources_id))
-            if uri is not None:
-                tokenizer = await asyncio.to_thread(training.load_tokenizer, uri)
+            if uri is not None:  # loading one takes seconds: the tokens come as ids until it is ready
+                tokenizer, loading = ctx.tokenizers.get(uri)
         mine = next((r for r in members if r.rollout_id == rollout_id), found)
+        settings = _settings(request)
         return await asyncio.to_thread(
-            training.analyse_rollout, mine, members, spans, _settings(request), tokenizer
+            training.analyse_rollout, mine, members, spans, settings, tokenizer, loading
         )
 
     return {

@@ -216,16 +216,29 @@ const versionLabel = (v) => `v${v.version}` + (v.model_version ? ` · weights ${
 function rolloutView(rolloutId, params) {
   let attemptId = params.get("attempt") || "";
   let selected = null;
-  let training = null; // fetched once per view: the group's spans do not change after it finished
+  // The training view is read beside the rollout, never before it (it may import torch or wait for a
+  // tokenizer): the rollout draws at once and the section fills in when its answer comes. It is read
+  // again while the rollout runs or while its tokenizer loads; the group's spans do not change after.
+  let training = null;
+  let reading = false;
+  const readTraining = (status) => {
+    reading = true;
+    api("rollouts/" + encodeURIComponent(rolloutId) + "/training").catch((e) => ({ error: e.message }))
+      .then((t) => {
+        training = { status, data: t };
+        if (current !== mine) return;
+        refresh(true);
+        if (t.tokenizer_loading) setTimeout(() => current === mine && readTraining(status), 400);
+        else reading = false;
+      });
+  };
   fill(view, h("div", { class: "empty" }, "loading…"));
-  return {
+  const mine = {
     load: async () => {
       const data = await api("rollouts/" + encodeURIComponent(rolloutId) + (attemptId ? "?attempt_id=" + encodeURIComponent(attemptId) : ""));
-      if (!training || !["succeeded", "failed", "cancelled"].includes(training.status)) {
-        const t = await api("rollouts/" + encodeURIComponent(rolloutId) + "/training").catch((e) => ({ error: e.message }));
-        training = { status: data.rollout.status, data: t };
-      }
-      return { ...data, training: training.data };
+      const stale = !training || !["succeeded", "failed", "cancelled"].includes(training.status);
+      if (stale && !reading) readTraining(data.rollout.status);
+      return { ...data, training: training ? training.data : null };
     },
     draw: (data) => {
       const r = data.rollout;
@@ -262,6 +275,7 @@ function rolloutView(rolloutId, params) {
       if (selected && byId[selected]) { flash(selected, false); showSpan(detail, rolloutId, byId[selected]); }
     },
   };
+  return mine;
 }
 
 function traceTable(spans, onSelect) {
@@ -324,7 +338,7 @@ function showSpan(panel, rolloutId, sp) {
 // ----- what GRPO trains on: each call trained or skipped (and why), the merged samples' tokens ------
 function trainingSection(t, byId, select) {
   const box = h("div", { id: "training" }, h("h3", {}, "What was trained (GRPO, as a step with default settings sees it)"));
-  if (!t) return box;
+  if (!t) return box.appendChild(h("div", { class: "empty", id: "training-pending" }, "analysing what GRPO trains on…")) && box;
   if (t.error) return box.appendChild(h("div", { class: "empty" }, "Could not analyse: " + t.error)) && box;
   const g = t.group;
   const mine = g.rollouts.find((row) => row.rollout_id === t.rollout_id) || {};
@@ -342,13 +356,13 @@ function trainingSection(t, byId, select) {
       h("td", {}, c.prompt_tokens === null ? "no token ids" : `${c.prompt_tokens} + ${c.completion_tokens}`),
       h("td", {}, c.sample === null ? "–" : "#" + (c.sample + 1)),
       h("td", { class: "verdict" }, c.trained ? h("span", { class: "badge s-succeeded" }, "trained") : [h("span", { class: "badge s-cancelled" }, "skipped"), " ", c.reason]))))));
-  for (const sm of t.samples) box.append(sampleStrip(sm, t.tokenizer));
+  for (const sm of t.samples) box.append(sampleStrip(sm, t.tokenizer, t.tokenizer_loading));
   return box;
 }
 
 // A heat strip of one merged sample: context tokens grey, completion tokens (loss mask 1) coloured by
 // their logprob (green: likely, red: unlikely); each call's completion starts at a marked token.
-function sampleStrip(sm, decoded) {
+function sampleStrip(sm, decoded, loading) {
   const starts = new Map(sm.call_spans.map(([a], i) => [a, i]));
   const ends = new Set(sm.call_spans.map(([, b]) => b - 1));
   const tokens = sm.input_ids.map((id, i) => {
@@ -371,7 +385,7 @@ function sampleStrip(sm, decoded) {
     sm.mismatch ? h("div", { class: "mismatch" }, `Starts a new sample: prefix mismatch (${sm.mismatch.class}) with the previous sample at token ${sm.mismatch.at}.`) : null,
     h("div", { class: "legend" }, h("span", { class: "tok ctx" }, "context (mask 0)"), h("span", { class: "tok gen", style: "background:hsl(100,70%,80%)" }, "completion, likely"),
       h("span", { class: "tok gen", style: "background:hsl(10,70%,80%)" }, "completion, unlikely"), h("span", { class: "tok gen call-start" }, "a call's first token"),
-      decoded ? "" : h("span", { class: "mute" }, " (no tokenizer next to the weights: token ids shown)")),
+      decoded ? "" : h("span", { class: "mute tokenizer-note" }, loading ? " (the tokenizer is loading: token ids shown until it is ready)" : " (no tokenizer next to the weights: token ids shown)")),
     h("div", { class: "strip" }, tokens),
     sm.cut ? h("div", { class: "mute" }, `… the first ${sm.input_ids.length} of ${sm.length} tokens shown`) : null);
 }
