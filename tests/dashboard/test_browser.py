@@ -430,3 +430,45 @@ def test_a_grpo_version_is_diffed_against_the_previous_one(run_page: Any, traine
     assert page.locator("#version-detail .diff .add").count() >= 1  # the weights' version changed
     assert f"weights {newest['model_version']}" in page.locator("#version-detail h3").first.inner_text()
     page.screenshot(path=SHOTS / "resources-grpo.png", full_page=True)
+
+
+# ----- on-screen defects of a first look, fixed ---------------------------------------------------------
+
+
+def test_ids_are_shown_whole_and_copy_whole(page: Any, filled: Filled) -> None:
+    """A resources id lost its last character (``rs-059bc2d98e42`` read ``rs-059bc2d98e4``), no ellipsis."""
+    page.goto(f"{filled.url}/ui/#/rollouts?mode=train")
+    page.locator("#rollouts tr[data-rollout]").first.wait_for()
+    for row in page.locator("#rollouts tr[data-rollout]").all():
+        rollout_id = row.get_attribute("data-rollout")
+        cell = row.locator("td.resources .id")
+        assert cell.inner_text() == filled.versions[rollout_id]  # the text a copy gets
+        assert cell.get_attribute("title") == filled.versions[rollout_id]
+        # drawn whole: nothing cut off on screen
+        assert cell.evaluate("e => e.scrollWidth <= e.clientWidth"), filled.versions[rollout_id]
+    page.goto(f"{filled.url}/ui/#/resources/{filled.v2}")
+    parent = page.locator(f"#versions tr[data-resources='{filled.v2}'] td.parent .id")
+    parent.wait_for()
+    assert parent.inner_text() == filled.v1
+    assert filled.v1 in page.locator("#diff-against").inner_text()  # the version labels too
+
+
+@pytest.mark.slow  # the session's two tiny-model GRPO runs (~40 s, shared with test_training)
+def test_a_validation_rollout_is_not_trained_not_skipped(run_page: Any, trained: Trained) -> None:
+    """Validation rollouts read "skipped: zero variance" in red, as if GRPO had dropped them."""
+    page = run_page
+    val = httpx.get(f"{trained.url}/ui/api/rollouts", params={"mode": "val", "limit": 1000}).json()["items"]
+    assert val, "the run validated every step"
+    flat = next((r for r in val if r["group_id"]), val[0])
+    page.goto(f"{trained.url}/ui/#/rollout/{flat['rollout_id']}")
+    summary = page.locator("#training-summary")
+    summary.wait_for()
+    assert "validation: not trained" in summary.inner_text()
+    assert "zero variance" not in summary.inner_text()
+    assert "skipped" not in page.locator("#training").inner_text().lower()
+    summary.screenshot(path=SHOTS / "fix-validation-not-trained.png")
+    if flat["group_id"]:
+        page.goto(f"{trained.url}/ui/#/group/{flat['group_id']}")
+        page.locator("#group-grid .member").first.wait_for()
+        assert "validation: not trained" in page.locator("h2").inner_text()
+        assert page.locator("#zero-variance").count() == 0

@@ -51,6 +51,13 @@ function s(tag, attrs, ...children) {
 // replaceChildren without the null/false placeholders of optional parts (it would print "null")
 const fill = (el, ...children) => el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 const badge = (status) => h("span", { class: "badge s-" + status }, status);
+// What GRPO does with a group: a validation (or test) group is never trained, whatever its rewards.
+// The group page's own badge (long) explains zero variance.
+function groupBadge(mode, zeroVariance, trained, long) {
+  if (mode && mode !== "train") return h("span", { class: "badge s-cancelled not-trained" }, (mode === "val" ? "validation" : mode) + ": not trained");
+  if (zeroVariance) return h("span", { class: "badge s-failed", id: long ? "zero-variance" : null }, "skipped: zero variance" + (long ? " (every reward equal, no learning signal)" : ""));
+  return h("span", { class: "badge s-succeeded" }, trained || "trained");
+}
 const fmtReward = (r) => (r === null || r === undefined ? "–" : Number(r).toFixed(3));
 const pad2 = (n) => String(n).padStart(2, "0");
 // Times carry their date (runs span days); the same clock everywhere: local time, 24 h.
@@ -67,7 +74,9 @@ function fmtDur(seconds) {
   return m < 60 ? `${m} min ${Math.round(seconds - m * 60)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
 }
 const fmtNum = (v, digits = 3) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
-const short = (id) => (id ? String(id).slice(0, 14) : "–");
+// An id in a narrow column: the whole id is the text (what a copy gets); a long one is cut on screen
+// with an ellipsis by CSS, and its title shows it in full.
+const idText = (id) => (id ? h("span", { class: "mono id", title: String(id) }, String(id)) : "–");
 function preview(value, n = 80) {
   const text = typeof value === "string" ? value : JSON.stringify(value);
   return text && text.length > n ? text.slice(0, n) + "…" : text || "";
@@ -202,7 +211,7 @@ function rolloutsView(params) {
       },
         h("td", { class: "mono" }, r.rollout_id), h("td", {}, badge(r.status)), h("td", {}, r.mode),
         h("td", { class: "reward" }, fmtReward(r.reward)), h("td", { class: "agent" }, r.agent || "–"), h("td", {}, r.num_attempts),
-        h("td", { class: "mono" }, short(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
+        h("td", { class: "mono resources" }, idText(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
         h("td", { class: "nowrap" }, fmtDur(r.duration_s)),
         h("td", { class: "mono mute" }, preview(r.input)))));
       if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "empty" }, "No rollouts match.")));
@@ -210,7 +219,7 @@ function rolloutsView(params) {
   };
 }
 
-const versionLabel = (v) => `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${short(v.resources_id)}`;
+const versionLabel = (v) => `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${v.resources_id}`;
 
 // ----- one rollout: attempts, span tree + waterfall + detail panel, what was trained, transcript ------
 function rolloutView(rolloutId, params) {
@@ -344,7 +353,7 @@ function trainingSection(t, byId, select) {
   const mine = g.rollouts.find((row) => row.rollout_id === t.rollout_id) || {};
   box.append(h("div", { class: "panel kv", id: "training-summary" },
     h("span", {}, "group"), h("span", {}, t.group_id ? h("a", { href: "#/group/" + encodeURIComponent(t.group_id) }, `${t.group_id} (${g.rollouts.length} rollouts)`) : "none (a rollout of its own)",
-      g.zero_variance ? [" ", h("span", { class: "badge s-failed" }, "skipped: zero variance")] : null),
+      g.zero_variance || (mine.mode && mine.mode !== "train") ? [" ", groupBadge(mine.mode, g.zero_variance)] : null),
     h("span", {}, "group reward"), h("span", {}, `mean ${fmtNum(g.mean)} · std ${fmtNum(g.std)}`),
     h("span", {}, "this rollout"), h("span", { id: "training-verdict" }, mine.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled" }, "not trained"),
       ` advantage ${fmtNum(mine.advantage)}`, mine.reason ? " · " + mine.reason : "")));
@@ -471,8 +480,7 @@ function groupView(groupId) {
     draw: (g) => {
       fill(view, 
         h("h2", {}, h("a", { href: "#/rollouts?group_id=" + encodeURIComponent(groupId) }, "Group"), " ", h("span", { class: "mono" }, groupId), " ",
-          g.zero_variance ? h("span", { class: "badge s-failed", id: "zero-variance" }, "skipped: zero variance (every reward equal, no learning signal)")
-            : h("span", { class: "badge s-succeeded" }, `trained: ${g.trained_samples} sample${g.trained_samples === 1 ? "" : "s"}`)),
+          groupBadge(g.mode, g.zero_variance, `trained: ${g.trained_samples} sample${g.trained_samples === 1 ? "" : "s"}`, true)),
         h("div", { class: "panel kv", id: "group-summary" },
           h("span", {}, "task"), h("pre", {}, pretty(g.input)),
           h("span", {}, "resources"), h("span", {}, g.resources_id ? [h("a", { href: "#/resources/" + encodeURIComponent(g.resources_id), class: "mono" }, g.resources_id),
@@ -504,8 +512,8 @@ function stepView(step) {
           h("tbody", {}, data.items.map((g) => h("tr", { class: "link", "data-group": g.group_id, onclick: () => { location.hash = "#/group/" + encodeURIComponent(g.group_id); } },
             h("td", { class: "mono" }, g.group_id), h("td", { class: "mono" }, preview(g.input, 60)), h("td", {}, g.rollouts),
             h("td", { class: "mono" }, g.rewards.map(fmtReward).join("  ")), h("td", { class: "reward" }, fmtReward(g.mean)),
-            h("td", {}, g.zero_variance ? h("span", { class: "badge s-failed" }, "skipped: zero variance") : h("span", { class: "badge s-succeeded" }, "trained")))))),
-        data.items.length && data.items.every((g) => g.zero_variance)
+            h("td", {}, groupBadge(g.mode, g.zero_variance)))))),
+        data.items.some((g) => g.mode === "train") && data.items.filter((g) => g.mode === "train").every((g) => g.zero_variance)
           ? h("div", { class: "panel mismatch", id: "no-update" }, `Step ${step} made no update: every group got one reward only, so GRPO had no sample to train on.`) : null,
         data.items.length ? null : h("div", { class: "empty" }, "No training groups recorded this step."));
     },
@@ -533,7 +541,7 @@ function resourcesView(selectedId, against) {
             onclick: () => { location.hash = "#/resources/" + encodeURIComponent(v.resources_id); },
           }, h("td", {}, "v" + v.version), h("td", { class: "mono" }, v.model_version || "–"), h("td", { class: "mono" }, v.resources_id),
             h("td", {}, v.apo ? v.apo.round : "–"), h("td", { class: "reward" }, fmtReward(v.val_reward)),
-            h("td", { class: "reward" }, fmtReward(v.train_reward)), h("td", { class: "mono" }, short(v.diff_parent_id)),
+            h("td", { class: "reward" }, fmtReward(v.train_reward)), h("td", { class: "mono parent" }, idText(v.diff_parent_id)),
             h("td", { class: "nowrap" }, fmtTime(v.created_at)))))),
         chosen ? versionDetail(chosen, diff, list.items) : h("div", { class: "empty" }, "No resources versions yet."));
     },
