@@ -32,6 +32,7 @@ from agl.adapter.rewards import final_reward
 from agl.dashboard import training, views
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore, ListedRollout, RolloutSearch, RolloutSort
+from agl.store.sqlite import SqliteLightningStore
 
 STATIC = Path(__file__).parent / "static"
 PREFIX = "/ui"
@@ -157,6 +158,24 @@ class _Context:
             with contextlib.suppress(errors.NotFoundError):
                 return await self.store.get_resources(resources_id)
         return None
+
+    def served_file(self) -> Path | None:
+        """The SQLite file of the served store, when it is one (a remote store's file is not known)."""
+        if isinstance(self.store, SqliteLightningStore) and self.store.path != ":memory:":
+            return Path(self.store.path).resolve()
+        return None
+
+    def elsewhere(self, run: str) -> str | None:
+        """The store file of metrics run ``run`` when it is not the served store: its groups are there."""
+        if self.metrics_path is None:
+            raise BadRequest("run", "this dashboard charts no metrics runs (no --metrics-dir)")
+        base = self.metrics_path.resolve()
+        folder = (base / run).resolve() if run != base.name else base
+        if not folder.is_relative_to(base) or not (folder / "metrics.csv").is_file():
+            raise BadRequest("run", f"no metrics run named {run!r} under the metrics directory")
+        store = folder / "store.db"
+        served = self.served_file()
+        return str(store) if store.is_file() and served is not None and served != store else None
 
     async def group_members(self, group_id: str) -> tuple[list[Rollout], dict[str, list[Span]]]:
         """A group's rollouts (oldest first) and the spans of each one's latest attempt."""
@@ -354,6 +373,9 @@ def _training_routes(ctx: _Context) -> dict[str, Handler]:
                 raise BadRequest("step", f"step must be an integer, got {step!r}") from None
         else:
             wanted_step = None
+        run = request.query_params.get("run") or None
+        if run is not None and (other := ctx.elsewhere(run)) is not None:
+            return {"items": [], "run": run, "elsewhere": other}  # another run's step: not in this store
         rows: list[ListedRollout] = []
         while True:  # newest first
             page = await store.search_rollouts(
@@ -369,7 +391,7 @@ def _training_routes(ctx: _Context) -> dict[str, Handler]:
                 break
         # the package imports torch: seconds, once, and not on the event loop
         grpo = await asyncio.to_thread(importlib.import_module, "agl.algorithm.grpo")
-        return {"items": _group_rows(rows, grpo.zero_variance_groups)}
+        return {"items": _group_rows(rows, grpo.zero_variance_groups), "run": run, "elsewhere": None}
 
     async def rollout_training(request: Request) -> dict[str, Any]:
         rollout_id = request.path_params["rollout_id"]
@@ -472,7 +494,12 @@ def _resources_routes(ctx: _Context) -> dict[str, Handler]:
     async def metrics(request: Request) -> dict[str, Any]:
         if ctx.metrics_path is None:
             return {"runs": [], "configured": False}
-        return {"runs": await asyncio.to_thread(views.read_metrics, ctx.metrics_path), "configured": True}
+        runs = await asyncio.to_thread(views.read_metrics, ctx.metrics_path)
+        served = ctx.served_file()
+        for run in runs:  # whether a click on its step can show that step's groups (None: not known)
+            store = run["store"]
+            run["this_store"] = None if served is None or store is None else Path(store).resolve() == served
+        return {"runs": runs, "configured": True}
 
     return {
         "/api/resources": resources,

@@ -371,5 +371,14 @@ def read_metrics(metrics_dir: Path) -> list[dict[str, Any]]:
         except (OSError, csv.Error, UnicodeDecodeError):
             continue  # a file being rewritten right now; the next poll reads it
         name = str(path.parent.relative_to(metrics_dir)) if path.parent != metrics_dir else metrics_dir.name
-        runs.append({"name": name, "path": str(path), "columns": columns, "rows": rows[-MAX_METRIC_ROWS:]})
+        store = path.parent / "store.db"  # where Trainer.fit keeps the run's own store
+        runs.append(
+            {
+                "name": name,
+                "path": str(path),
+                "store": str(store) if store.is_file() else None,
+                "columns": columns,
+                "rows": rows[-MAX_METRIC_ROWS:],
+            }
+        )
     return runs

@@ -6,6 +6,7 @@ Screenshots land in ``results/dashboard/``. Needs ``apt-get install -y chromium 
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import sys
@@ -472,3 +473,50 @@ def test_a_validation_rollout_is_not_trained_not_skipped(run_page: Any, trained:
         page.locator("#group-grid .member").first.wait_for()
         assert "validation: not trained" in page.locator("h2").inner_text()
         assert page.locator("#zero-variance").count() == 0
+
+
+def _no_update_steps(trained: Trained) -> set[tuple[str, int]]:
+    """(run, step) of every step of the two runs that trained on no sample, from their metrics.csv."""
+    out = set()
+    for run in ("lr-1e-3", "lr-1e-2"):
+        with (trained.out.parent / run / "metrics.csv").open() as f:
+            out |= {(run, int(row["step"])) for row in csv.DictReader(f) if row.get("samples") == "0"}
+    return out
+
+
+@pytest.mark.slow  # the session's two tiny-model GRPO runs (~40 s, shared with test_training)
+def test_overlaid_runs_keep_their_own_no_update_markers_and_steps(run_page: Any, trained: Trained) -> None:
+    """One run's no-update markers were drawn for every run, and any run's point opened this store's step."""
+    page = run_page
+    expected = _no_update_steps(trained)
+    assert expected, "seed 3 makes step 2 of each run draw only zero-variance groups"
+    page.goto(f"{trained.url}/ui/#/curves")
+    loss = page.locator(".chart[data-title='loss']")
+    loss.locator("line.no-update").first.wait_for()
+    drawn = loss.locator("line.no-update").evaluate_all("ls => ls.map(l => [l.dataset.run, +l.dataset.x])")
+    assert {(run, x) for run, x in drawn} == expected and len(drawn) == len(expected)
+    colors = loss.locator(".legend > span").evaluate_all(
+        "ss => Object.fromEntries(ss.filter(s => s.children.length).map(s => [s.innerText.trim().slice(2), s.firstChild.style.color]))"
+    )
+    for line in loss.locator("line.no-update").all():  # each in its own run's colour
+        run = line.get_attribute("data-run")
+        assert line.evaluate("l => l.style.stroke") == colors[run], (run, colors)
+    page.locator("#runs input").first.uncheck()  # hide lr-1e-2: its markers go with it
+    page.wait_for_function(
+        "!document.querySelector(\".chart[data-title='loss'] line.no-update[data-run='lr-1e-2']\")"
+    )
+    assert {line.get_attribute("data-run") for line in loss.locator("line.no-update").all()} == {"lr-1e-3"}
+    page.locator("#runs input").first.check()
+    reward = page.locator(".chart[data-title='reward_mean']")
+    reward.locator("circle[data-series='lr-1e-2'][data-x='1']").wait_for()
+    reward.locator("circle[data-series='lr-1e-2'][data-x='1']").click(force=True)
+    note = page.locator("#step-elsewhere")
+    note.wait_for()
+    assert "run=lr-1e-2" in page.url and page.locator("#step-run").inner_text() == "lr-1e-2"
+    assert str(trained.out.parent / "lr-1e-2" / "store.db") in note.inner_text()
+    assert page.locator("#step-groups").count() == 0  # not this store's groups under another run's name
+    page.screenshot(path=SHOTS / "fix-other-run-step.png")
+    page.goto(f"{trained.url}/ui/#/curves")
+    reward.locator("circle[data-series='lr-1e-3'][data-x='1']").click(force=True)
+    page.locator("#step-groups tbody tr").first.wait_for()
+    assert "run=lr-1e-3" in page.url and page.locator("#step-run").inner_text() == "lr-1e-3"

@@ -100,7 +100,7 @@ function route() {
     a.classList.toggle("active", a.dataset.nav === ({ rollout: "rollouts", group: "rollouts", step: "curves" }[parts[0]] || parts[0])));
   if (parts[0] === "rollout" && parts[1]) return rolloutView(decodeURIComponent(parts[1]), params);
   if (parts[0] === "group" && parts[1]) return groupView(decodeURIComponent(parts[1]));
-  if (parts[0] === "step" && parts[1]) return stepView(decodeURIComponent(parts[1]));
+  if (parts[0] === "step" && parts[1]) return stepView(decodeURIComponent(parts[1]), params.get("run"));
   if (parts[0] === "resources") return resourcesView(parts[1] ? decodeURIComponent(parts[1]) : null, params.get("against"));
   if (parts[0] === "curves") return curvesView();
   return rolloutsView(params);
@@ -351,6 +351,7 @@ function trainingSection(t, byId, select) {
   if (t.error) return box.appendChild(h("div", { class: "empty" }, "Could not analyse: " + t.error)) && box;
   const g = t.group;
   const mine = g.rollouts.find((row) => row.rollout_id === t.rollout_id) || {};
+  const skipWord = mine.mode && mine.mode !== "train" ? "not trained" : "skipped"; // GRPO never trains val rollouts
   box.append(h("div", { class: "panel kv", id: "training-summary" },
     h("span", {}, "group"), h("span", {}, t.group_id ? h("a", { href: "#/group/" + encodeURIComponent(t.group_id) }, `${t.group_id} (${g.rollouts.length} rollouts)`) : "none (a rollout of its own)",
       g.zero_variance || (mine.mode && mine.mode !== "train") ? [" ", groupBadge(mine.mode, g.zero_variance)] : null),
@@ -364,14 +365,14 @@ function trainingSection(t, byId, select) {
       h("td", {}, "#" + (c.index + 1)), h("td", {}, c.agent || "–"), h("td", { class: "mono" }, c.model_version || "–"),
       h("td", {}, c.prompt_tokens === null ? "no token ids" : `${c.prompt_tokens} + ${c.completion_tokens}`),
       h("td", {}, c.sample === null ? "–" : "#" + (c.sample + 1)),
-      h("td", { class: "verdict" }, c.trained ? h("span", { class: "badge s-succeeded" }, "trained") : [h("span", { class: "badge s-cancelled" }, "skipped"), " ", c.reason]))))));
-  for (const sm of t.samples) box.append(sampleStrip(sm, t.tokenizer, t.tokenizer_loading));
+      h("td", { class: "verdict" }, c.trained ? h("span", { class: "badge s-succeeded" }, "trained") : [h("span", { class: "badge s-cancelled" }, skipWord), " ", c.reason]))))));
+  for (const sm of t.samples) box.append(sampleStrip(sm, t.tokenizer, t.tokenizer_loading, skipWord));
   return box;
 }
 
 // A heat strip of one merged sample: context tokens grey, completion tokens (loss mask 1) coloured by
 // their logprob (green: likely, red: unlikely); each call's completion starts at a marked token.
-function sampleStrip(sm, decoded, loading) {
+function sampleStrip(sm, decoded, loading, skipWord) {
   const starts = new Map(sm.call_spans.map(([a], i) => [a, i]));
   const ends = new Set(sm.call_spans.map(([, b]) => b - 1));
   const tokens = sm.input_ids.map((id, i) => {
@@ -388,9 +389,9 @@ function sampleStrip(sm, decoded, loading) {
   });
   return h("div", { class: "panel sample", "data-sample": sm.index },
     h("div", { class: "title" }, h("b", {}, `Sample #${sm.index + 1}`), h("span", { class: "mute" },
-      `  ${sm.length} tokens · ${sm.model_tokens} completion tokens trained on · ${sm.num_calls} call${sm.num_calls === 1 ? "" : "s"} merged` +
+      `  ${sm.length} tokens · ${sm.model_tokens} completion tokens ${sm.trained ? "trained on" : "(not trained)"} · ${sm.num_calls} call${sm.num_calls === 1 ? "" : "s"} merged` +
       (sm.agent ? ` · agent ${sm.agent}` : "") + ` · advantage ${fmtNum(sm.advantage)}`),
-      " ", sm.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled", title: sm.reason }, "skipped: " + sm.reason)),
+      " ", sm.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled", title: sm.reason }, `${skipWord}: ${sm.reason}`)),
     sm.mismatch ? h("div", { class: "mismatch" }, `Starts a new sample: prefix mismatch (${sm.mismatch.class}) with the previous sample at token ${sm.mismatch.at}.`) : null,
     h("div", { class: "legend" }, h("span", { class: "tok ctx" }, "context (mask 0)"), h("span", { class: "tok gen", style: "background:hsl(100,70%,80%)" }, "completion, likely"),
       h("span", { class: "tok gen", style: "background:hsl(10,70%,80%)" }, "completion, unlikely"), h("span", { class: "tok gen call-start" }, "a call's first token"),
@@ -500,13 +501,21 @@ function groupView(groupId) {
   };
 }
 
-function stepView(step) {
+// run: the metrics run whose point was clicked; another run's step lives in that run's own store.
+function stepView(step, run) {
   fill(view, h("div", { class: "empty" }, "loading…"));
   return {
-    load: () => api("groups?step=" + encodeURIComponent(step)),
+    load: () => api("groups?step=" + encodeURIComponent(step) + (run ? "&run=" + encodeURIComponent(run) : "")),
     draw: (data) => {
-      fill(view, 
-        h("h2", {}, h("a", { href: "#/curves" }, "Curves"), ` / step ${step}: ${data.items.length} group${data.items.length === 1 ? "" : "s"}`),
+      const title = [h("a", { href: "#/curves" }, "Curves"), run ? [" / run ", h("span", { class: "mono", id: "step-run" }, run)] : null, ` / step ${step}`];
+      if (data.elsewhere) {
+        return fill(view, h("h2", {}, title), h("div", { class: "panel mismatch", id: "step-elsewhere" },
+          `Step ${step} of run ${run} is in that run's own store, not in the store this dashboard reads: `,
+          h("span", { class: "mono" }, data.elsewhere), ". To see its groups, serve that store: ",
+          h("code", {}, `agl store serve --backend sqlite:///${data.elsewhere} --metrics-dir …`)));
+      }
+      fill(view,
+        h("h2", {}, title, `: ${data.items.length} group${data.items.length === 1 ? "" : "s"}`),
         h("table", { id: "step-groups" },
           h("thead", {}, h("tr", {}, ["group", "task", "rollouts", "rewards", "mean", "GRPO"].map((c) => h("th", {}, c)))),
           h("tbody", {}, data.items.map((g) => h("tr", { class: "link", "data-group": g.group_id, onclick: () => { location.hash = "#/group/" + encodeURIComponent(g.group_id); } },
@@ -594,14 +603,14 @@ function curvesView() {
       const shownRuns = runs.filter((run) => !hiddenRuns.has(run.name));
       const steps = shownRuns.flatMap((run) => run.rows.map((row) => row.step).filter((x) => x !== null));
       const xRange = steps.length ? [Math.min(...steps), Math.max(...steps)] : null; // one x range: steps line up
-      const markers = shownRuns.flatMap((run) => run.rows.filter(noUpdate).map((row) => ({ x: row.step, label: `${run.name}: step ${row.step} made no update (no sample to train on)` })));
+      const markers = shownRuns.flatMap((run) => run.rows.filter(noUpdate).map((row) => ({ x: row.step, run: run.name, color: run.color, label: `${run.name}: step ${row.step} made no update (no sample to train on)` })));
       const columns = [...new Set(runs.flatMap((run) => run.columns.filter((c) => c !== "step")))];
       const ordered = [...KEY_METRICS.filter((c) => columns.includes(c)), ...columns.filter((c) => !KEY_METRICS.includes(c))];
       const metricCharts = ordered.map((column) => chart(column, shownRuns.filter((run) => run.columns.includes(column)).map((run) => ({
         name: run.name, color: run.color,
         // a missing value (a step without an update has no loss) breaks the line: a gap, not a bridge
         points: run.rows.filter((row) => row.step !== null).map((row) => [row.step, row[column]]),
-      })), { xLabel: "step", integerX: true, xRange, markers, onClickX: (x) => { location.hash = "#/step/" + x; }, key: KEY_METRICS.includes(column) }));
+      })), { xLabel: "step", integerX: true, xRange, markers, onClickX: (x, run) => { location.hash = "#/step/" + x + "?run=" + encodeURIComponent(run); }, key: KEY_METRICS.includes(column) }));
       const runPicker = runs.length > 1 ? h("div", { class: "filters", id: "runs" }, h("span", { class: "mute" }, "runs:"), runs.map((run) => h("label", { class: "chip" },
         h("input", { type: "checkbox", checked: !hiddenRuns.has(run.name), onchange: (e) => { e.target.checked ? hiddenRuns.delete(run.name) : hiddenRuns.add(run.name); refresh(true); } }),
         h("span", { style: `color:${run.color}` }, " ● "), run.name))) : null;
@@ -666,10 +675,11 @@ function chart(title, series, opts = {}) {
     shown.add(label);
     svg.append(s("text", { x: X(t), y: H - B + 16, "text-anchor": "middle", class: "xtick" }, label));
   }
-  for (const m of opts.markers || []) {
-    if (m.x < x0 || m.x > x1) continue;
-    svg.append(s("line", { class: "no-update", x1: X(m.x), x2: X(m.x), y1: T, y2: H - B }, s("title", {}, m.label)),
-      s("text", { class: "no-update-mark", x: X(m.x), y: H - B - 3, "text-anchor": "middle" }, "×", s("title", {}, m.label)));
+  // a marker belongs to its run: drawn in its colour, and only where that run's series is drawn
+  const markers = (opts.markers || []).filter((m) => m.x >= x0 && m.x <= x1 && (!m.run || series.some((sr) => sr.name === m.run)));
+  for (const m of markers) {
+    svg.append(s("line", { class: "no-update", "data-run": m.run || "", "data-x": m.x, x1: X(m.x), x2: X(m.x), y1: T, y2: H - B, style: m.color ? `stroke:${m.color}` : "" }, s("title", {}, m.label)),
+      s("text", { class: "no-update-mark", "data-run": m.run || "", x: X(m.x), y: H - B - 3, "text-anchor": "middle", style: m.color ? `fill:${m.color}` : "" }, "×", s("title", {}, m.label)));
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }),
     s("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }),
@@ -686,14 +696,14 @@ function chart(title, series, opts = {}) {
     for (const [x, y] of pts) {
       if (y === null || y === undefined) continue;
       const label = `${sr.name} · ${opts.xFormat ? opts.xFormat(x) : (opts.xLabel || "x") + " " + x}: ${fmtValue(y)}`;
-      const dot = s("circle", { cx: X(x), cy: Y(y), r: sr.dots ? 3 : 3.5, fill: sr.color, "fill-opacity": sr.dots ? 0.6 : 1, "data-x": x, class: opts.onClickX ? "clickable" : "" }, s("title", {}, label));
+      const dot = s("circle", { "data-series": sr.name, cx: X(x), cy: Y(y), r: sr.dots ? 3 : 3.5, fill: sr.color, "fill-opacity": sr.dots ? 0.6 : 1, "data-x": x, class: opts.onClickX ? "clickable" : "" }, s("title", {}, label));
       dot.addEventListener("mouseenter", () => { readout.textContent = label; });
-      if (opts.onClickX) dot.addEventListener("click", () => opts.onClickX(x));
+      if (opts.onClickX) dot.addEventListener("click", () => opts.onClickX(x, sr.name));
       svg.append(dot);
     }
   }
   box.append(svg, h("div", { class: "legend" }, series.map((sr) => h("span", {}, h("span", { style: `color:${sr.color}` }, "●"), " " + sr.name)),
-    (opts.markers || []).length ? h("span", { class: "no-update-legend" }, "× step without an update") : null), readout);
+    markers.length ? h("span", { class: "no-update-legend" }, "× step without an update (in its run's colour)") : null), readout);
   return box;
 }
 
