@@ -44,6 +44,8 @@ CURVES_TTL_S = 1.5
 MAX_SPANS = 10_000
 #: rollouts one search call of the groups view reads
 GROUP_READ = 10_000
+#: how long one scan of the error types serves every poll, and the most digest pages (10,000 each) it reads
+ERRORS_TTL_S, ERROR_SCAN_PAGES = 5.0, 20
 SORTS = frozenset(get_args(RolloutSort))
 FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
 Handler = Callable[[Request], Awaitable[Any]]
@@ -139,6 +141,7 @@ class _Context:
     metrics_path: Path | None
     last_curves: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
     tokenizers: training.Tokenizers = field(default_factory=training.Tokenizers)
+    last_errors: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
 
     async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
         """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
@@ -330,12 +333,37 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
             if (cursor := page.next_cursor) is None:
                 raise errors.NotFoundError(f"rollout {rollout_id!r} has no span {span_id!r}")
 
+    async def error_types(request: Request) -> dict[str, Any]:
+        """The error types the rollouts' latest attempts ended with, most frequent first (the filter's list)."""
+        last = ctx.last_errors
+        if last[1] is None or time.monotonic() - last[0] > ERRORS_TTL_S:
+            last[:] = [time.monotonic(), await _error_types(store)]
+        return last[1]  # type: ignore[no-any-return]
+
     return {
         "/api/summary": summary,
+        "/api/error_types": error_types,
         "/api/rollouts": rollouts,
         "/api/rollouts/{rollout_id}": rollout,
         "/api/rollouts/{rollout_id}/spans/{span_id}": span,
     }
+
+
+async def _error_types(store: LightningStore) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    after, partial = 0, False
+    for _ in range(ERROR_SCAN_PAGES):
+        page = await store.query_digests(after=after, limit=10_000)
+        for digest in page.items:
+            if digest.error_type:
+                counts[digest.error_type] = counts.get(digest.error_type, 0) + 1
+        if page.next_cursor is None:
+            break
+        after = int(page.next_cursor)
+    else:
+        partial = True
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"items": [{"error_type": k, "rollouts": n} for k, n in ordered], "partial": partial}
 
 
 def _training_routes(ctx: _Context) -> dict[str, Handler]:

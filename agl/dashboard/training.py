@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agl import semconv as sc
 from agl.adapter import call_rewards, final_reward, llm_calls, to_samples
 from agl.adapter.calls import call_agents, filter_calls
 from agl.adapter.trajectory import classify_mismatch
@@ -169,6 +170,9 @@ def analyse_rollout(
     flat = _flat_keys(group, spans, settings)
     all_calls = llm_calls(own)
     agents = dict(zip((c.span_id for c in all_calls), call_agents(all_calls, own), strict=True))
+    # a call no span names an agent for ran in the rollout's agent, when the rollout names just one
+    named = {str(s.attributes[sc.AGENT_NAME]) for s in own if sc.AGENT_NAME in s.attributes}
+    only_agent = next(iter(named)) if len(named) == 1 else None
     units = _calls_by_agent(own, settings)
     in_unit = {c.span_id for calls in units.values() for c in calls}
     per_call = call_rewards(own)
@@ -214,7 +218,7 @@ def analyse_rollout(
             "index": n,
             "span_id": call.span_id,
             "response_id": call.response_id,
-            "agent": agents.get(call.span_id),
+            "agent": agents.get(call.span_id) or only_agent,
             "model_version": call.model_version,
             "prompt_tokens": len(call.prompt_token_ids) if call.prompt_token_ids is not None else None,
             "completion_tokens": (

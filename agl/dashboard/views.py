@@ -83,7 +83,18 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
         view["tool_calls"] = tool_calls_of(message["tool_calls"])
     if message.get("tool_call_id"):
         view["tool_call_id"] = message["tool_call_id"]
+    if message.get("role") == "tool" and message.get("name"):
+        view["tool_name"] = str(message["name"])
     return view
+
+
+def _name_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each tool result named after the tool call it answers (a result carries only the call's id)."""
+    names = {c["id"]: c["name"] for m in messages for c in m.get("tool_calls", []) if c.get("id")}
+    for m in messages:
+        if m["role"] == "tool" and "tool_name" not in m and m.get("tool_call_id") in names:
+            m["tool_name"] = names[m["tool_call_id"]]
+    return messages
 
 
 def usage_of(usage: dict[str, Any] | None) -> dict[str, int | None]:
@@ -118,7 +129,9 @@ def _detail(span: Span) -> tuple[str, dict[str, Any]]:
     a = span.attributes
     call = LLMCall.from_span(span)
     if call is not None:
-        messages = [_message(m) for m in call.request_messages or [] if isinstance(m, dict)]
+        messages = _name_tool_results(
+            [_message(m) for m in call.request_messages or [] if isinstance(m, dict)]
+        )
         if not messages and call.prompt is not None:
             messages = [{"role": "prompt", "content": call.prompt}]
         response = _message(call.response_message) if call.response_message else None

@@ -58,6 +58,8 @@ function groupBadge(mode, zeroVariance, trained, long) {
   if (zeroVariance) return h("span", { class: "badge s-failed", id: long ? "zero-variance" : null }, "skipped: zero variance" + (long ? " (every reward equal, no learning signal)" : ""));
   return h("span", { class: "badge s-succeeded" }, trained || "trained");
 }
+// A reward's colour: green above 0, red below, grey at 0 or none (a 0 is no success).
+const rewardTone = (r) => (r === null || r === undefined || Number(r) === 0 ? "zero" : Number(r) > 0 ? "pos" : "neg");
 const fmtReward = (r) => (r === null || r === undefined ? "–" : Number(r).toFixed(3));
 const pad2 = (n) => String(n).padStart(2, "0");
 // Times carry their date (runs span days); the same clock everywhere: local time, 24 h.
@@ -178,6 +180,10 @@ function rolloutsView(params) {
     return input;
   };
   const versionSelect = select("resources", "resources_id", [["", "all versions"]]);
+  // the error types the store has seen, with their counts (the one chosen stays listed even if gone)
+  const errorSelect = select("error", "error", [["", "any error"], ...(f.error ? [[f.error, f.error]] : [])]);
+  api("error_types").then((seen) => errorSelect.append(...seen.items.filter((e) => e.error_type !== f.error)
+    .map((e) => h("option", { value: e.error_type }, `${e.error_type} (${e.rollouts})`)))).catch(() => {});
   api("resources").then((list) => versionSelect.append(...list.items.map((v) => h("option",
     { value: v.resources_id, selected: v.resources_id === f.resources_id }, versionLabel(v))))).catch(() => {});
   const body = h("tbody");
@@ -194,7 +200,7 @@ function rolloutsView(params) {
       h("span", { class: "mute" }, " resources:"), versionSelect),
     h("div", { class: "filters" }, h("span", { class: "mute" }, "status:"), chips,
       statuses.size ? h("button", { class: "chip", onclick: () => { statuses.clear(); go({}); } }, "clear") : null,
-      text("group", "group_id", "group id"), text("agent", "agent", "agent name"), text("error", "error", "error type")),
+      text("group", "group_id", "group id"), text("agent", "agent", "agent name"), h("span", { class: "mute" }, " error:"), errorSelect),
     h("table", { id: "rollouts" },
       h("thead", {}, h("tr", {}, ["rollout", "status", "mode", "reward", "agent", "attempts", "resources", "created", "duration", "input"].map((c) => h("th", {}, c)))),
       body),
@@ -226,17 +232,21 @@ function rolloutView(rolloutId, params) {
   let attemptId = params.get("attempt") || "";
   let selected = null;
   // The training view is read beside the rollout, never before it (it may import torch or wait for a
-  // tokenizer): the rollout draws at once and the section fills in when its answer comes. It is read
-  // again while the rollout runs or while its tokenizer loads; the group's spans do not change after.
+  // tokenizer): the rollout draws at once and the section is swapped in place when its answer comes
+  // (the rest of the page, and what a person opened on it, stays). It is read again while the rollout
+  // runs or while its tokenizer loads; the group's spans do not change after.
   let training = null;
   let reading = false;
+  let drawn = null; // the span index and select action of the page on screen (the section's links use them)
+  const section = () => trainingSection(training ? training.data : null, drawn.byId, drawn.select);
   const readTraining = (status) => {
     reading = true;
     api("rollouts/" + encodeURIComponent(rolloutId) + "/training").catch((e) => ({ error: e.message }))
       .then((t) => {
         training = { status, data: t };
         if (current !== mine) return;
-        refresh(true);
+        const old = document.getElementById("training");
+        if (old && drawn) old.replaceWith(section());
         if (t.tokenizer_loading) setTimeout(() => current === mine && readTraining(status), 400);
         else reading = false;
       });
@@ -247,7 +257,7 @@ function rolloutView(rolloutId, params) {
       const data = await api("rollouts/" + encodeURIComponent(rolloutId) + (attemptId ? "?attempt_id=" + encodeURIComponent(attemptId) : ""));
       const stale = !training || !["succeeded", "failed", "cancelled"].includes(training.status);
       if (stale && !reading) readTraining(data.rollout.status);
-      return { ...data, training: training ? training.data : null };
+      return data;
     },
     draw: (data) => {
       const r = data.rollout;
@@ -263,6 +273,7 @@ function rolloutView(rolloutId, params) {
       const byId = Object.fromEntries(data.spans.map((sp) => [sp.span_id, sp]));
       const detail = h("div", { id: "span-detail", class: "panel", hidden: true });
       const select = (id) => { selected = id; flash(id); showSpan(detail, rolloutId, byId[id]); };
+      drawn = { byId, select };
       fill(view, 
         h("h2", {}, h("a", { href: "#/rollouts" }, "Rollouts"), " / ", h("span", { class: "mono" }, r.rollout_id), " ", badge(r.status)),
         h("div", { class: "panel kv" },
@@ -278,7 +289,7 @@ function rolloutView(rolloutId, params) {
         h("h3", {}, `Attempts (${data.attempts.length})`), attempts,
         h("h3", {}, `Span tree and timeline (${data.spans_truncated ? "the first " : ""}${data.spans.length} span${data.spans.length === 1 ? "" : "s"}) · click a span for all its attributes`),
         h("div", { class: "trace-wrap" }, data.spans.length ? traceTable(data.spans, select) : h("div", { class: "empty" }, "No spans."), detail),
-        trainingSection(data.training, byId, select),
+        section(),
         h("h3", {}, "Transcript"),
         h("div", { id: "transcript" }, transcript(data.spans)));
       if (selected && byId[selected]) { flash(selected, false); showSpan(detail, rolloutId, byId[selected]); }
@@ -419,7 +430,8 @@ function transcript(spans) {
 function message(m) {
   const empty = !m.content && !(m.tool_calls || []).length;
   return h("div", { class: "msg " + m.role },
-    h("div", { class: "role" }, m.role, m.tool_call_id ? h("span", { class: "call-id mono" }, " " + m.tool_call_id) : null),
+    h("div", { class: "role" }, m.role === "tool" ? "tool result" : m.role, m.tool_name ? h("span", { class: "tool-name mono" }, " " + m.tool_name) : null,
+      m.tool_call_id ? h("span", { class: "call-id mono" }, " " + m.tool_call_id) : null),
     m.content ? h("pre", {}, m.content) : null,
     empty ? h("div", { class: "mute empty-msg" }, m.role === "assistant" ? "(empty completion)" : "(empty message)") : null,
     (m.tool_calls || []).map(toolCall));
@@ -452,7 +464,7 @@ function card(sp, known, inPanel) {
   } else if (sp.category === "reward") {
     const values = Object.entries(d.values || {});
     const extra = values.length > 1 ? values.map(([k, v]) => `${k}=${fmtReward(v)}`).join("  ") : "";
-    body = [head("Reward", extra), h("div", { class: "big-reward" }, fmtReward(d.value))];
+    body = [head("Reward", extra), h("div", { class: "big-reward " + rewardTone(d.value) }, fmtReward(d.value))];
   } else if (sp.category === "message") {
     body = [head("Message"), h("pre", {}, d.text || "")];
   } else if (sp.category === "operation") {
@@ -576,7 +588,11 @@ function versionDetail(v, diff, versions) {
 // ----- curves: key metrics first, runs overlaid, steps without an update marked -------------------------
 const MODE_COLORS = { train: "#2f6fde", val: "#2db36b", test: "#e69a3b" }; // one colour per mode on every chart
 const RUN_COLORS = ["#2f6fde", "#e0553a", "#2db36b", "#b07ae0", "#e69a3b", "#3bb5c9"];
-const KEY_METRICS = ["reward_mean", "val_reward", "samples", "zero_variance_groups", "kl", "clip_fraction", "loss"];
+const KEY_METRICS = ["reward_mean", "val_reward", "loss", "samples", "zero_variance_groups", "kl", "clip_fraction"];
+const openGroups = new Set(); // the folded metric groups a person opened (kept across redraws)
+// Metrics logged on some steps only (validation every eval_every steps): their points are joined over
+// the steps between; any other missing value (no loss on a step without an update) stays a gap.
+const sparse = (column) => column.startsWith("val_");
 const hiddenRuns = new Set();
 
 // A step made no policy update when it had no sample to train on (every group zero variance, all failed).
@@ -605,12 +621,34 @@ function curvesView() {
       const xRange = steps.length ? [Math.min(...steps), Math.max(...steps)] : null; // one x range: steps line up
       const markers = shownRuns.flatMap((run) => run.rows.filter(noUpdate).map((row) => ({ x: row.step, run: run.name, color: run.color, label: `${run.name}: step ${row.step} made no update (no sample to train on)` })));
       const columns = [...new Set(runs.flatMap((run) => run.columns.filter((c) => c !== "step")))];
-      const ordered = [...KEY_METRICS.filter((c) => columns.includes(c)), ...columns.filter((c) => !KEY_METRICS.includes(c))];
-      const metricCharts = ordered.map((column) => chart(column, shownRuns.filter((run) => run.columns.includes(column)).map((run) => ({
+      const seriesOf = (column) => shownRuns.filter((run) => run.columns.includes(column)).map((run) => ({
         name: run.name, color: run.color,
-        // a missing value (a step without an update has no loss) breaks the line: a gap, not a bridge
-        points: run.rows.filter((row) => row.step !== null).map((row) => [row.step, row[column]]),
-      })), { xLabel: "step", integerX: true, xRange, markers, onClickX: (x, run) => { location.hash = "#/step/" + x + "?run=" + encodeURIComponent(run); }, key: KEY_METRICS.includes(column) }));
+        points: run.rows.filter((row) => row.step !== null && (!sparse(column) || (row[column] !== null && row[column] !== undefined)))
+          .map((row) => [row.step, row[column]]),
+      }));
+      // a key metric that is zero on every step of every run (kl without a KL term) says nothing up there
+      const flat = (column) => seriesOf(column).every((sr) => sr.points.every(([, y]) => y === null || y === undefined || y === 0));
+      const key = KEY_METRICS.filter((c) => columns.includes(c) && !flat(c));
+      const flatKey = KEY_METRICS.filter((c) => columns.includes(c) && flat(c));
+      const metricChart = (column) => chart(column, seriesOf(column), { xLabel: "step", integerX: true, xRange, markers,
+        onClickX: (x, run) => { location.hash = "#/step/" + x + "?run=" + encodeURIComponent(run); }, key: key.includes(column) });
+      // the rest folded, grouped by the name's first word (time_*, memory_*, ratio_*); lone ones as "other"
+      const rest = columns.filter((c) => !key.includes(c));
+      const prefix = (c) => c.split(/[_/.]/)[0];
+      const counts = {};
+      for (const c of rest) counts[prefix(c)] = (counts[prefix(c)] || 0) + 1;
+      const groups = {};
+      for (const c of rest) (groups[counts[prefix(c)] > 1 ? prefix(c) : "other"] ||= []).push(c);
+      const folded = Object.entries(groups).sort(([a], [b]) => (a === "other") - (b === "other") || a.localeCompare(b)).map(([name, cols]) => {
+        const box = h("details", { class: "metric-group", "data-group": name, open: openGroups.has(name) },
+          h("summary", {}, `${name} (${cols.length})`), h("div", { class: "charts" }, cols.map(metricChart)));
+        box.addEventListener("toggle", () => { box.open ? openGroups.add(name) : openGroups.delete(name); });
+        return box;
+      });
+      const metricCharts = columns.length ? [
+        h("div", { class: "charts", id: "key-charts" }, key.map(metricChart)),
+        flatKey.length ? h("div", { class: "mute", id: "flat-key" }, `zero on every step, so folded below: ${flatKey.join(", ")}`) : null,
+        folded] : [];
       const runPicker = runs.length > 1 ? h("div", { class: "filters", id: "runs" }, h("span", { class: "mute" }, "runs:"), runs.map((run) => h("label", { class: "chip" },
         h("input", { type: "checkbox", checked: !hiddenRuns.has(run.name), onchange: (e) => { e.target.checked ? hiddenRuns.delete(run.name) : hiddenRuns.add(run.name); refresh(true); } }),
         h("span", { style: `color:${run.color}` }, " ● "), run.name))) : null;
@@ -621,7 +659,7 @@ function curvesView() {
           chart("Reward of finished rollouts over time", timeSeries, { xLabel: "time", xFormat: (t) => fmtTime(t).slice(11), time: true })),
         h("h3", {}, "Per-step metrics (metrics.csv) · key metrics first · click a point to see that step's groups"),
         runPicker,
-        metricCharts.length ? h("div", { class: "charts", id: "metric-charts" }, metricCharts)
+        metricCharts.length ? h("div", { id: "metric-charts" }, metricCharts)
           : h("div", { class: "empty" }, metrics.configured ? "No metrics.csv yet in the metrics directory."
             : "Start the server with --metrics-dir DIR (a training output directory) to chart its metrics.csv."));
     },
