@@ -14,6 +14,7 @@ import contextlib
 import hmac
 import importlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ MAX_SPANS = 10_000
 GROUP_READ = 10_000
 #: how long one scan of the error types serves every poll, and the most digest pages (10,000 each) it reads
 ERRORS_TTL_S, ERROR_SCAN_PAGES = 5.0, 20
+#: first-attempt start times kept (about 100 bytes each)
+KNOWN_STARTS = 200_000
 SORTS = frozenset(get_args(RolloutSort))
 FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
 Handler = Callable[[Request], Awaitable[Any]]
@@ -142,6 +145,9 @@ class _Context:
     last_curves: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
     tokenizers: training.Tokenizers = field(default_factory=training.Tokenizers)
     last_errors: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
+    starts: OrderedDict[str, float] = field(
+        default_factory=OrderedDict
+    )  # rollout id -> first attempt's start
 
     async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
         """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
@@ -150,10 +156,19 @@ class _Context:
         return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
 
     async def first_starts(self, rollouts: list[Rollout]) -> dict[str, float]:
-        """When each ended rollout's first attempt started (what its run time counts from)."""
-        ended = [r.rollout_id for r in rollouts if r.ended_at is not None]
-        pages = await asyncio.gather(*(self.store.query_attempts(rollout_id=i, limit=1) for i in ended))
-        return {i: p.items[0].started_at for i, p in zip(ended, pages, strict=True) if p.items}
+        """When each ended rollout's first attempt started (what its run time counts from).
+
+        A first attempt's start never changes, so each is read once: a polled page costs no reads.
+        """
+        known = self.starts
+        wanted = [r.rollout_id for r in rollouts if r.ended_at is not None and r.rollout_id not in known]
+        pages = await asyncio.gather(*(self.store.query_attempts(rollout_id=i, limit=1) for i in wanted))
+        for rollout_id, page in zip(wanted, pages, strict=True):
+            if page.items:
+                known[rollout_id] = page.items[0].started_at
+        while len(known) > KNOWN_STARTS:
+            known.popitem(last=False)
+        return {r.rollout_id: known[r.rollout_id] for r in rollouts if r.rollout_id in known}
 
     async def version(self, resources_id: str | None) -> ResourcesVersion | None:
         """The resources version ``resources_id`` names, or None (none named, or not stored)."""
