@@ -238,8 +238,8 @@ def _api(handler: Handler, expected: bytes | None) -> Callable[[Request], Awaita
     return endpoint
 
 
-def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
-    """The store's counts, the rollout list (paged, searched, sorted), one rollout, one span in full."""
+def _summary_routes(ctx: _Context) -> dict[str, Handler]:
+    """The store's counts and the error types its rollouts ended with (the error filter's list)."""
     store = ctx.store
 
     async def summary(request: Request) -> dict[str, Any]:
@@ -250,6 +250,20 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
             "latest_resources_id": latest.resources_id if latest else None,
             "metrics": ctx.metrics_path is not None,
         }
+
+    async def error_types(request: Request) -> dict[str, Any]:
+        """The error types the rollouts' latest attempts ended with, most frequent first (the filter's list)."""
+        last = ctx.last_errors
+        if last[1] is None or time.monotonic() - last[0] > ERRORS_TTL_S:
+            last[:] = [time.monotonic(), await _error_types(store)]
+        return last[1]  # type: ignore[no-any-return]
+
+    return {"/api/summary": summary, "/api/error_types": error_types}
+
+
+def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
+    """The rollout list (paged, searched, sorted), one rollout, one span in full."""
+    store = ctx.store
 
     async def rollouts(request: Request) -> dict[str, Any]:
         limit = _int(request, "limit", 50, 1, 1000)
@@ -348,16 +362,7 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
             if (cursor := page.next_cursor) is None:
                 raise errors.NotFoundError(f"rollout {rollout_id!r} has no span {span_id!r}")
 
-    async def error_types(request: Request) -> dict[str, Any]:
-        """The error types the rollouts' latest attempts ended with, most frequent first (the filter's list)."""
-        last = ctx.last_errors
-        if last[1] is None or time.monotonic() - last[0] > ERRORS_TTL_S:
-            last[:] = [time.monotonic(), await _error_types(store)]
-        return last[1]  # type: ignore[no-any-return]
-
     return {
-        "/api/summary": summary,
-        "/api/error_types": error_types,
         "/api/rollouts": rollouts,
         "/api/rollouts/{rollout_id}": rollout,
         "/api/rollouts/{rollout_id}/spans/{span_id}": span,
@@ -617,7 +622,12 @@ def create_dashboard(
     async def unknown_api(request: Request) -> Response:
         return _error(404, "NotFoundError", f"no dashboard API at {request.url.path}")
 
-    handlers = {**_rollout_routes(ctx), **_training_routes(ctx), **_resources_routes(ctx)}
+    handlers = {
+        **_summary_routes(ctx),
+        **_rollout_routes(ctx),
+        **_training_routes(ctx),
+        **_resources_routes(ctx),
+    }
     routes = [
         Route("/", index),
         *(Route(path, _api(handler, expected)) for path, handler in handlers.items()),

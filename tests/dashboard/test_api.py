@@ -391,3 +391,13 @@ def test_a_rollouts_duration_runs_from_its_first_attempts_start_to_its_end(
         assert searched[rollout_id]["duration_s"] == pytest.approx(expected)
         assert r["duration_s"] > r["ended_at"] - r["started_at"]  # what it showed before
     assert listed[filled.queued]["duration_s"] is None  # not ended
+
+
+def test_error_types_seen_and_a_bad_run_name(http: httpx.Client, filled: Filled) -> None:
+    seen = get(http, "error_types")
+    assert {"error_type": "ValueError", "rollouts": 1} in seen["items"] and seen["partial"] is False
+    for run in ("nope", "../grpo", "/etc"):
+        bad = http.get("/ui/api/groups", params={"step": 1, "run": run})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "run", bad.text
+    mine = get(http, "groups", step=1, run="grpo")  # a run without a store.db of its own: this store's
+    assert mine["elsewhere"] is None and mine["run"] == "grpo"
