@@ -135,3 +135,14 @@ def test_import_agl_is_light() -> None:
     code = "import sys, agl, agl.store; print(sorted(m for m in ('torch', 'transformers', 'opentelemetry.sdk') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_functions_stay_under_the_size_cap() -> None:
+    too_long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 120:
+                    too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}: {lines} lines")
+    assert too_long == []

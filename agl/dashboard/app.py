@@ -2,9 +2,9 @@
 
 It reads everything through the async store API and its read model (``StoreWithReadModel``), so it
 serves a local backend (inside ``agl store serve``) or a remote one (``agl dashboard --store URL``,
-through ``LightningStoreClient``) alike. With a token, every ``/ui/api`` call needs ``Authorization:
-Bearer <token>``; the page and its scripts hold no data and load without it (the page takes the token
-from ``?token=`` once and keeps it in the tab's sessionStorage).
+through ``LightningStoreClient``) alike. With a token, every ``/ui/api`` call needs ``Authorization: Bearer <token>``; the page and its
+scripts hold no data and load without it (the page takes the token from ``?token=`` once and keeps it
+in the tab's sessionStorage).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import contextlib
 import hmac
 import importlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
 
@@ -31,6 +33,7 @@ from agl.adapter.rewards import final_reward
 from agl.dashboard import training, views
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
 from agl.store.read_model import ListedRollout, RolloutSearch, RolloutSort, StoreWithReadModel
+from agl.store.sqlite import SqliteLightningStore
 
 STATIC = Path(__file__).parent / "static"
 PREFIX = "/ui"
@@ -42,6 +45,10 @@ CURVES_TTL_S = 1.5
 MAX_SPANS = 10_000
 #: rollouts one search call of the groups view reads
 GROUP_READ = 10_000
+#: how long one scan of the error types serves every poll, and the most digest pages (10,000 each) it reads
+ERRORS_TTL_S, ERROR_SCAN_PAGES = 5.0, 20
+#: first-attempt start times kept (about 100 bytes each)
+KNOWN_STARTS = 200_000
 SORTS = frozenset(get_args(RolloutSort))
 FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
 Handler = Callable[[Request], Awaitable[Any]]
@@ -124,44 +131,116 @@ def _previous(versions: list[ResourcesVersion]) -> dict[str, str]:
     return {b.resources_id: a.resources_id for a, b in zip(ordered, ordered[1:], strict=False)}
 
 
-def _view(x: ListedRollout) -> dict[str, Any]:
-    return views.rollout_view(x.rollout, *((x.digest.reward, x.digest.agent) if x.digest else (None, None)))
+def _view(x: ListedRollout, started_at: float | None) -> dict[str, Any]:
+    reward, agent = (x.digest.reward, x.digest.agent) if x.digest else (None, None)
+    return views.rollout_view(x.rollout, reward, agent, started_at)
 
 
-def create_dashboard(
-    store: StoreWithReadModel, *, token: str | None = None, metrics_dir: str | Path | None = None
-) -> Starlette:
-    """The dashboard over ``store``: the page at ``/ui/``, the JSON API at ``/ui/api/...``.
+@dataclass
+class _Context:
+    """What every route group reads: the store, the metrics directory and the curves computed last."""
 
-    ``metrics_dir`` is a training output directory; its ``metrics.csv`` files become charts.
-    """
-    expected = f"Bearer {token}".encode() if token else None
-    metrics_path = Path(metrics_dir) if metrics_dir is not None else None
+    store: StoreWithReadModel
+    metrics_path: Path | None
+    last_curves: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
+    tokenizers: training.Tokenizers = field(default_factory=training.Tokenizers)
+    last_errors: list[Any] = field(default_factory=lambda: [0.0, None])  # (monotonic time, answer)
+    starts: OrderedDict[str, float] = field(
+        default_factory=OrderedDict
+    )  # rollout id -> first attempt's start
 
-    def api(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            if expected is not None:
-                given = request.headers.get("authorization", "").encode()
-                if not hmac.compare_digest(given, expected):
-                    return _error(
-                        401,
-                        "UnauthorizedError",
-                        "missing or wrong bearer token; open the dashboard as /ui/?token=<token>",
-                    )
-            try:
-                return _json(await handler(request))
-            except BadRequest as exc:
-                return _error(422, "ValidationError", exc.message, exc.field)
-            except errors.NotFoundError as exc:
-                return _error(404, type(exc).__name__, exc.message)
-            except errors.StoreUnavailableError as exc:
-                return _error(503, type(exc).__name__, exc.message)
-            except errors.AglError as exc:
-                return _error(400, type(exc).__name__, exc.message, getattr(exc, "param", None))
-            except ImportError as exc:  # the GRPO views need torch (agl[train]); the rest does not
-                return _error(501, "MissingDependency", f"this view needs agl[train] installed: {exc}")
+    async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
+        """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
+        page = await self.store.query_digests(rollout_ids=[r.rollout_id for r in rollouts])
+        found = {d.rollout_id: d for d in page.items}
+        return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
 
-        return endpoint
+    async def first_starts(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """When each ended rollout's first attempt started (what its run time counts from).
+
+        A first attempt's start never changes, so each is read once: a polled page costs no reads.
+        """
+        known = self.starts
+        wanted = [r.rollout_id for r in rollouts if r.ended_at is not None and r.rollout_id not in known]
+        pages = await asyncio.gather(*(self.store.query_attempts(rollout_id=i, limit=1) for i in wanted))
+        for rollout_id, page in zip(wanted, pages, strict=True):
+            if page.items:
+                known[rollout_id] = page.items[0].started_at
+        while len(known) > KNOWN_STARTS:
+            known.popitem(last=False)
+        return {r.rollout_id: known[r.rollout_id] for r in rollouts if r.rollout_id in known}
+
+    async def version(self, resources_id: str | None) -> ResourcesVersion | None:
+        """The resources version ``resources_id`` names, or None (none named, or not stored)."""
+        if resources_id:
+            with contextlib.suppress(errors.NotFoundError):
+                return await self.store.get_resources(resources_id)
+        return None
+
+    def served_file(self) -> Path | None:
+        """The SQLite file of the served store, when it is one (a remote store's file is not known)."""
+        if isinstance(self.store, SqliteLightningStore) and self.store.path != ":memory:":
+            return Path(self.store.path).resolve()
+        return None
+
+    def elsewhere(self, run: str) -> str | None:
+        """The store file of metrics run ``run`` when it is not the served store: its groups are there."""
+        if self.metrics_path is None:
+            raise BadRequest("run", "this dashboard charts no metrics runs (no --metrics-dir)")
+        base = self.metrics_path.resolve()
+        folder = (base / run).resolve() if run != base.name else base
+        if not folder.is_relative_to(base) or not (folder / "metrics.csv").is_file():
+            raise BadRequest("run", f"no metrics run named {run!r} under the metrics directory")
+        store = folder / "store.db"
+        served = self.served_file()
+        return str(store) if store.is_file() and served is not None and served != store else None
+
+    async def group_members(self, group_id: str) -> tuple[list[Rollout], dict[str, list[Span]]]:
+        """A group's rollouts (oldest first) and the spans of each one's latest attempt."""
+        store = self.store
+        members = (await store.query_rollouts(group_id=group_id, order_by="created_at", limit=1000)).items
+        if not members:
+            raise errors.NotFoundError(f"no rollout has group_id {group_id!r}")
+        pages = await asyncio.gather(
+            *(
+                store.query_spans(rollout_id=r.rollout_id, attempt_id="latest", limit=MAX_SPANS)
+                for r in members
+            )
+        )
+        return members, {r.rollout_id: p.items for r, p in zip(members, pages, strict=True)}
+
+
+def _api(handler: Handler, expected: bytes | None) -> Callable[[Request], Awaitable[Response]]:
+    """``handler`` behind the bearer token, its answer as JSON and its errors as status codes."""
+
+    async def endpoint(request: Request) -> Response:
+        if expected is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                return _error(
+                    401,
+                    "UnauthorizedError",
+                    "missing or wrong bearer token; open the dashboard as /ui/?token=<token>",
+                )
+        try:
+            return _json(await handler(request))
+        except BadRequest as exc:
+            return _error(422, "ValidationError", exc.message, exc.field)
+        except errors.NotFoundError as exc:
+            return _error(404, type(exc).__name__, exc.message)
+        except errors.StoreUnavailableError as exc:
+            return _error(503, type(exc).__name__, exc.message)
+        except errors.AglError as exc:
+            return _error(400, type(exc).__name__, exc.message, getattr(exc, "param", None))
+        except ImportError as exc:  # the GRPO views need torch (agl[train]); the rest does not
+            return _error(501, "MissingDependency", f"this view needs agl[train] installed: {exc}")
+
+    return endpoint
+
+
+def _summary_routes(ctx: _Context) -> dict[str, Handler]:
+    """The store's counts and the error types its rollouts ended with (the error filter's list)."""
+    store = ctx.store
 
     async def summary(request: Request) -> dict[str, Any]:
         stats = await store.statistics()
@@ -169,14 +248,22 @@ def create_dashboard(
         return {
             "statistics": stats.model_dump(mode="json"),
             "latest_resources_id": latest.resources_id if latest else None,
-            "metrics": metrics_path is not None,
+            "metrics": ctx.metrics_path is not None,
         }
 
-    async def facts(rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
-        """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
-        page = await store.query_digests(rollout_ids=[r.rollout_id for r in rollouts])
-        found = {d.rollout_id: d for d in page.items}
-        return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
+    async def error_types(request: Request) -> dict[str, Any]:
+        """The error types the rollouts' latest attempts ended with, most frequent first (the filter's list)."""
+        last = ctx.last_errors
+        if last[1] is None or time.monotonic() - last[0] > ERRORS_TTL_S:
+            last[:] = [time.monotonic(), await _error_types(store)]
+        return last[1]  # type: ignore[no-any-return]
+
+    return {"/api/summary": summary, "/api/error_types": error_types}
+
+
+def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
+    """The rollout list (paged, searched, sorted), one rollout, one span in full."""
+    store = ctx.store
 
     async def rollouts(request: Request) -> dict[str, Any]:
         limit = _int(request, "limit", 50, 1, 1000)
@@ -204,9 +291,12 @@ def create_dashboard(
                 limit=limit,
                 cursor=q.get("cursor") or None,
             )
-            known = await facts(page.items)
+            known, starts = await asyncio.gather(ctx.facts(page.items), ctx.first_starts(page.items))
             return {
-                "items": [views.rollout_view(r, w, a) for r, (w, a) in zip(page.items, known, strict=True)],
+                "items": [
+                    views.rollout_view(r, w, a, starts.get(r.rollout_id))
+                    for r, (w, a) in zip(page.items, known, strict=True)
+                ],
                 "next_cursor": page.next_cursor,
             }
         offset = _offset(q.get("cursor"))
@@ -225,8 +315,9 @@ def create_dashboard(
                 offset=offset,
             )
         )
+        starts = await ctx.first_starts([x.rollout for x in found.items])
         return {
-            "items": [_view(x) for x in found.items],
+            "items": [_view(x, starts.get(x.rollout.rollout_id)) for x in found.items],
             "next_cursor": f"@{offset + limit}" if offset + limit < found.total else None,
             "total": found.total,
         }
@@ -243,13 +334,11 @@ def create_dashboard(
         if attempt_id is not None:
             page = await store.query_spans(rollout_id=rollout_id, attempt_id=attempt_id, limit=MAX_SPANS)
             spans, more = page.items, page.next_cursor
+        agent = views.reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
         view = views.rollout_view(
-            found, final_reward(spans), views.reward_facts([s for s in spans if s.name == sc.SPAN_REWARD])[1]
+            found, final_reward(spans), agent, attempts[0].started_at if attempts else None
         )
-        version = None
-        if found.resources_id:
-            with contextlib.suppress(errors.NotFoundError):
-                version = await store.get_resources(found.resources_id)
+        version = await ctx.version(found.resources_id)
         view["resources_version"] = version.version if version else None
         view["model_version"] = views.model_version(version) if version else None
         return {
@@ -273,27 +362,40 @@ def create_dashboard(
             if (cursor := page.next_cursor) is None:
                 raise errors.NotFoundError(f"rollout {rollout_id!r} has no span {span_id!r}")
 
-    async def group_members(group_id: str) -> tuple[list[Rollout], dict[str, list[Span]]]:
-        members = (await store.query_rollouts(group_id=group_id, order_by="created_at", limit=1000)).items
-        if not members:
-            raise errors.NotFoundError(f"no rollout has group_id {group_id!r}")
-        pages = await asyncio.gather(
-            *(
-                store.query_spans(rollout_id=r.rollout_id, attempt_id="latest", limit=MAX_SPANS)
-                for r in members
-            )
-        )
-        return members, {r.rollout_id: p.items for r, p in zip(members, pages, strict=True)}
+    return {
+        "/api/rollouts": rollouts,
+        "/api/rollouts/{rollout_id}": rollout,
+        "/api/rollouts/{rollout_id}/spans/{span_id}": span,
+    }
+
+
+async def _error_types(store: StoreWithReadModel) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    after, partial = 0, False
+    for _ in range(ERROR_SCAN_PAGES):
+        page = await store.query_digests(after=after, limit=10_000)
+        for digest in page.items:
+            if digest.error_type:
+                counts[digest.error_type] = counts.get(digest.error_type, 0) + 1
+        if page.next_cursor is None:
+            break
+        after = int(page.next_cursor)
+    else:
+        partial = True
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"items": [{"error_type": k, "rollouts": n} for k, n in ordered], "partial": partial}
+
+
+def _training_routes(ctx: _Context) -> dict[str, Handler]:
+    """GRPO's view of the store: the groups of a step, one group, what one rollout trains on."""
+    store = ctx.store
 
     async def group(request: Request) -> dict[str, Any]:
         group_id = request.path_params["group_id"]
-        members, spans = await group_members(group_id)
+        members, spans = await ctx.group_members(group_id)
         analysis = await asyncio.to_thread(training.analyse_group, members, spans, _settings(request))
         first = members[0]
-        version = None
-        if first.resources_id:
-            with contextlib.suppress(errors.NotFoundError):
-                version = await store.get_resources(first.resources_id)
+        version = await ctx.version(first.resources_id)
         return {
             "group_id": group_id,
             "input": views.redact(first.input),
@@ -319,6 +421,9 @@ def create_dashboard(
                 raise BadRequest("step", f"step must be an integer, got {step!r}") from None
         else:
             wanted_step = None
+        run = request.query_params.get("run") or None
+        if run is not None and (other := ctx.elsewhere(run)) is not None:
+            return {"items": [], "run": run, "elsewhere": other}  # another run's step: not in this store
         rows: list[ListedRollout] = []
         while True:  # newest first
             page = await store.search_rollouts(
@@ -332,53 +437,67 @@ def create_dashboard(
             rows += page.items
             if not page.items or len(rows) >= page.total:
                 break
-        found = [x.rollout for x in rows if x.rollout.group_id]
-        rewards = {x.rollout.rollout_id: x.digest.reward if x.digest else None for x in rows}
-        by_group: dict[str, list[Rollout]] = {}
-        for r in reversed(found):  # oldest first
-            by_group.setdefault(r.group_id or "", []).append(r)
         # the package imports torch: seconds, once, and not on the event loop
         grpo = await asyncio.to_thread(importlib.import_module, "agl.algorithm.grpo")
-        zero_variance_groups = grpo.zero_variance_groups
-
-        out = []
-        for group_id, members in by_group.items():
-            done = [rewards[r.rollout_id] for r in members if r.status == RolloutStatus.SUCCEEDED]
-            values = [w or 0.0 for w in done]
-            out.append(
-                {
-                    "group_id": group_id,
-                    "input": views.redact(members[0].input),
-                    "mode": members[0].mode,
-                    "resources_id": members[0].resources_id,
-                    "step": members[0].metadata.get("step"),
-                    "rollouts": len(members),
-                    "rewards": [rewards[r.rollout_id] for r in members],
-                    "mean": sum(values) / len(values) if values else None,
-                    "zero_variance": bool(values) and bool(zero_variance_groups(values, ["g"] * len(values))),
-                    "finished": all(r.status.is_terminal for r in members),
-                }
-            )
-        return {"items": out}
+        return {"items": _group_rows(rows, grpo.zero_variance_groups), "run": run, "elsewhere": None}
 
     async def rollout_training(request: Request) -> dict[str, Any]:
         rollout_id = request.path_params["rollout_id"]
         found = await store.get_rollout(rollout_id)
         if found.group_id:
-            members, spans = await group_members(found.group_id)
+            members, spans = await ctx.group_members(found.group_id)
         else:
             page = await store.query_spans(rollout_id=rollout_id, attempt_id="latest", limit=MAX_SPANS)
             members, spans = [found], {rollout_id: page.items}
-        tokenizer = None
-        if found.resources_id and request.query_params.get("tokens") != "ids":
-            with contextlib.suppress(errors.NotFoundError):
-                uri = training.weights_uri(await store.get_resources(found.resources_id))
-                if uri is not None:
-                    tokenizer = await asyncio.to_thread(training.load_tokenizer, uri)
+        tokenizer, loading = None, False
+        if request.query_params.get("tokens") != "ids":
+            uri = training.weights_uri(await ctx.version(found.resources_id))
+            if uri is not None:  # loading one takes seconds: the tokens come as ids until it is ready
+                tokenizer, loading = ctx.tokenizers.get(uri)
         mine = next((r for r in members if r.rollout_id == rollout_id), found)
+        settings = _settings(request)
         return await asyncio.to_thread(
-            training.analyse_rollout, mine, members, spans, _settings(request), tokenizer
+            training.analyse_rollout, mine, members, spans, settings, tokenizer, loading
         )
+
+    return {
+        "/api/rollouts/{rollout_id}/training": rollout_training,
+        "/api/groups": groups,
+        "/api/groups/{group_id}": group,
+    }
+
+
+def _group_rows(rows: list[ListedRollout], zero_variance_groups: Callable[..., Any]) -> list[dict[str, Any]]:
+    """One row per GRPO group among ``rows`` (newest first): its rewards, mean and zero variance."""
+    found = [x.rollout for x in rows if x.rollout.group_id]
+    rewards = {x.rollout.rollout_id: x.digest.reward if x.digest else None for x in rows}
+    by_group: dict[str, list[Rollout]] = {}
+    for r in reversed(found):  # oldest first
+        by_group.setdefault(r.group_id or "", []).append(r)
+    out = []
+    for group_id, members in by_group.items():
+        done = [rewards[r.rollout_id] for r in members if r.status == RolloutStatus.SUCCEEDED]
+        values = [w or 0.0 for w in done]
+        out.append(
+            {
+                "group_id": group_id,
+                "input": views.redact(members[0].input),
+                "mode": members[0].mode,
+                "resources_id": members[0].resources_id,
+                "step": members[0].metadata.get("step"),
+                "rollouts": len(members),
+                "rewards": [rewards[r.rollout_id] for r in members],
+                "mean": sum(values) / len(values) if values else None,
+                "zero_variance": bool(values) and bool(zero_variance_groups(values, ["g"] * len(values))),
+                "finished": all(r.status.is_terminal for r in members),
+            }
+        )
+    return out
+
+
+def _resources_routes(ctx: _Context) -> dict[str, Handler]:
+    """Resources versions and their diffs, the reward curves, and the metrics.csv runs."""
+    store = ctx.store
 
     async def resources(request: Request) -> dict[str, Any]:
         versions = []
@@ -414,64 +533,84 @@ def create_dashboard(
             "diff": views.resources_diff(old, version),
         }
 
-    last_curves: list[Any] = [0.0, None]  # (monotonic time, answer)
-
     async def curves(request: Request) -> dict[str, Any]:
-        if last_curves[1] is None or time.monotonic() - last_curves[0] > CURVES_TTL_S:
-            last_curves[:] = [time.monotonic(), await compute_curves()]
-        return last_curves[1]  # type: ignore[no-any-return]
-
-    async def compute_curves() -> dict[str, Any]:
-        """Reward of recently finished rollouts, over time and as a mean per resources version and mode."""
-        found: list[Rollout] = []
-        cursor = None
-        while len(found) < CURVE_ROLLOUTS:
-            page = await store.query_rollouts(
-                status=FINISHED, order_by="updated_at", descending=True, limit=1000, cursor=cursor
-            )
-            found.extend(page.items)
-            if (cursor := page.next_cursor) is None:
-                break
-        found = found[:CURVE_ROLLOUTS][::-1]
-        rewards = [reward for reward, _ in await facts(found)]
-        points: list[dict[str, Any]] = [
-            {
-                "rollout_id": r.rollout_id,
-                "t": r.ended_at or r.updated_at,
-                "reward": w,
-                "mode": r.mode,
-                "resources_id": r.resources_id,
-            }
-            for r, w in zip(found, rewards, strict=True)
-            if w is not None
-        ]
-        sums: dict[tuple[str | None, str], list[float]] = {}
-        for p in points:
-            sums.setdefault((p["resources_id"], p["mode"]), []).append(p["reward"])
-        order: dict[str | None, int] = {}
-        for p in points:
-            order.setdefault(p["resources_id"], len(order))
-        versions = {}
-        for rid in order:
-            if rid is not None:
-                try:
-                    versions[rid] = (await store.get_resources(rid)).version
-                except errors.NotFoundError:
-                    continue
-        by_version = []
-        for rid in sorted(order, key=lambda r: (versions.get(r, -1) if r else -1, order[r])):
-            row: dict[str, Any] = {"resources_id": rid, "version": versions.get(rid) if rid else None}
-            for mode in ("train", "val"):
-                values = sums.get((rid, mode), [])
-                row[f"{mode}_mean"] = sum(values) / len(values) if values else None
-                row[f"{mode}_count"] = len(values)
-            by_version.append(row)
-        return {"points": points, "by_version": by_version}
+        last = ctx.last_curves
+        if last[1] is None or time.monotonic() - last[0] > CURVES_TTL_S:
+            last[:] = [time.monotonic(), await _compute_curves(ctx)]
+        return last[1]  # type: ignore[no-any-return]
 
     async def metrics(request: Request) -> dict[str, Any]:
-        if metrics_path is None:
+        if ctx.metrics_path is None:
             return {"runs": [], "configured": False}
-        return {"runs": await asyncio.to_thread(views.read_metrics, metrics_path), "configured": True}
+        runs = await asyncio.to_thread(views.read_metrics, ctx.metrics_path)
+        served = ctx.served_file()
+        for run in runs:  # whether a click on its step can show that step's groups (None: not known)
+            store = run["store"]
+            run["this_store"] = None if served is None or store is None else Path(store).resolve() == served
+        return {"runs": runs, "configured": True}
+
+    return {
+        "/api/resources": resources,
+        "/api/resources/{resources_id}/diff": resources_diff,
+        "/api/curves": curves,
+        "/api/metrics": metrics,
+    }
+
+
+async def _compute_curves(ctx: _Context) -> dict[str, Any]:
+    """Reward of recently finished rollouts, over time and as a mean per resources version and mode."""
+    found: list[Rollout] = []
+    cursor = None
+    while len(found) < CURVE_ROLLOUTS:
+        page = await ctx.store.query_rollouts(
+            status=FINISHED, order_by="updated_at", descending=True, limit=1000, cursor=cursor
+        )
+        found.extend(page.items)
+        if (cursor := page.next_cursor) is None:
+            break
+    found = found[:CURVE_ROLLOUTS][::-1]
+    rewards = [reward for reward, _ in await ctx.facts(found)]
+    points: list[dict[str, Any]] = [
+        {
+            "rollout_id": r.rollout_id,
+            "t": r.ended_at or r.updated_at,
+            "reward": w,
+            "mode": r.mode,
+            "resources_id": r.resources_id,
+        }
+        for r, w in zip(found, rewards, strict=True)
+        if w is not None
+    ]
+    sums: dict[tuple[str | None, str], list[float]] = {}
+    for p in points:
+        sums.setdefault((p["resources_id"], p["mode"]), []).append(p["reward"])
+    order: dict[str | None, int] = {}
+    for p in points:
+        order.setdefault(p["resources_id"], len(order))
+    versions = {}
+    for rid in order:
+        if rid is not None and (version := await ctx.version(rid)) is not None:
+            versions[rid] = version.version
+    by_version = []
+    for rid in sorted(order, key=lambda r: (versions.get(r, -1) if r else -1, order[r])):
+        row: dict[str, Any] = {"resources_id": rid, "version": versions.get(rid) if rid else None}
+        for mode in ("train", "val"):
+            values = sums.get((rid, mode), [])
+            row[f"{mode}_mean"] = sum(values) / len(values) if values else None
+            row[f"{mode}_count"] = len(values)
+        by_version.append(row)
+    return {"points": points, "by_version": by_version}
+
+
+def create_dashboard(
+    store: StoreWithReadModel, *, token: str | None = None, metrics_dir: str | Path | None = None
+) -> Starlette:
+    """The dashboard over ``store``: the page at ``/ui/``, the JSON API at ``/ui/api/...``.
+
+    ``metrics_dir`` is a training output directory; its ``metrics.csv`` files become charts.
+    """
+    expected = f"Bearer {token}".encode() if token else None
+    ctx = _Context(store, Path(metrics_dir) if metrics_dir is not None else None)
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
@@ -483,19 +622,15 @@ def create_dashboard(
     async def unknown_api(request: Request) -> Response:
         return _error(404, "NotFoundError", f"no dashboard API at {request.url.path}")
 
+    handlers = {
+        **_summary_routes(ctx),
+        **_rollout_routes(ctx),
+        **_training_routes(ctx),
+        **_resources_routes(ctx),
+    }
     routes = [
         Route("/", index),
-        Route("/api/summary", api(summary)),
-        Route("/api/rollouts", api(rollouts)),
-        Route("/api/rollouts/{rollout_id}", api(rollout)),
-        Route("/api/rollouts/{rollout_id}/training", api(rollout_training)),
-        Route("/api/rollouts/{rollout_id}/spans/{span_id}", api(span)),
-        Route("/api/groups", api(groups)),
-        Route("/api/groups/{group_id}", api(group)),
-        Route("/api/resources", api(resources)),
-        Route("/api/resources/{resources_id}/diff", api(resources_diff)),
-        Route("/api/curves", api(curves)),
-        Route("/api/metrics", api(metrics)),
+        *(Route(path, _api(handler, expected)) for path, handler in handlers.items()),
         Route("/api/{rest:path}", unknown_api),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]

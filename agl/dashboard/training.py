@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from agl import semconv as sc
 from agl.adapter import call_rewards, final_reward, llm_calls, to_samples
 from agl.adapter.calls import call_agents, filter_calls
 from agl.adapter.trajectory import classify_mismatch
@@ -158,6 +160,7 @@ def analyse_rollout(
     spans: dict[str, list[Span]],
     settings: Settings = Settings(),
     tokenizer: Any = None,
+    tokenizer_loading: bool = False,
 ) -> dict[str, Any]:
     """Each model call of ``rollout`` trained or skipped (and why), and the merged samples it makes."""
     group_view = analyse_group(group, spans, settings)
@@ -167,6 +170,9 @@ def analyse_rollout(
     flat = _flat_keys(group, spans, settings)
     all_calls = llm_calls(own)
     agents = dict(zip((c.span_id for c in all_calls), call_agents(all_calls, own), strict=True))
+    # a call no span names an agent for ran in the rollout's agent, when the rollout names just one
+    named = {str(s.attributes[sc.AGENT_NAME]) for s in own if sc.AGENT_NAME in s.attributes}
+    only_agent = next(iter(named)) if len(named) == 1 else None
     units = _calls_by_agent(own, settings)
     in_unit = {c.span_id for calls in units.values() for c in calls}
     per_call = call_rewards(own)
@@ -212,7 +218,7 @@ def analyse_rollout(
             "index": n,
             "span_id": call.span_id,
             "response_id": call.response_id,
-            "agent": agents.get(call.span_id),
+            "agent": agents.get(call.span_id) or only_agent,
             "model_version": call.model_version,
             "prompt_tokens": len(call.prompt_token_ids) if call.prompt_token_ids is not None else None,
             "completion_tokens": (
@@ -241,6 +247,7 @@ def analyse_rollout(
         "calls": calls_out,
         "samples": samples_out,
         "tokenizer": tokenizer is not None,
+        "tokenizer_loading": tokenizer_loading,
         "settings": settings.__dict__,
     }
 
@@ -303,6 +310,45 @@ def weights_uri(version: ResourcesVersion | None) -> str | None:
         if isinstance(resource, ModelWeights) and resource.uri and Path(resource.uri).is_dir():
             return resource.uri
     return None
+
+
+class Tokenizers:
+    """Tokenizers loaded in a background thread: a page never waits seconds for one to load.
+
+    :meth:`get` answers at once: the tokenizer when loaded (None when there is none to load), or
+    "still loading" after starting the load; the page asks again and then decodes its tokens.
+    """
+
+    def __init__(self, keep: int = 4) -> None:
+        self._lock = threading.Lock()
+        self._loaded: OrderedDict[str, Any] = OrderedDict()
+        self._loading: set[str] = set()
+        self._keep = keep
+
+    def get(self, uri: str) -> tuple[Any, bool]:
+        """(tokenizer or None, whether it is still loading)."""
+        with self._lock:
+            if uri in self._loaded:
+                self._loaded.move_to_end(uri)
+                return self._loaded[uri], False
+            if uri not in self._loading:
+                self._loading.add(uri)
+                threading.Thread(target=self._load, args=(uri,), name="agl-tokenizer", daemon=True).start()
+            return None, True
+
+    def _load(self, uri: str) -> None:
+        tokenizer = load_tokenizer(uri)
+        with self._lock:
+            self._loading.discard(uri)
+            self._loaded[uri] = tokenizer
+            while len(self._loaded) > self._keep:
+                self._loaded.popitem(last=False)
+
+    def forget(self) -> None:
+        """Drop every loaded tokenizer (the next page loads them again)."""
+        with self._lock:
+            self._loaded.clear()
+        load_tokenizer.cache_clear()
 
 
 @functools.lru_cache(maxsize=4)

@@ -17,7 +17,6 @@ import orjson
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.schemas import LLMCall, ModelWeights, PromptTemplate, ResourcesVersion, Rollout, Span
-from agl.store.read_model import duration_s
 
 #: attributes too bulky to ship to a browser; the view keeps their length instead
 _BULKY = (
@@ -84,7 +83,18 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
         view["tool_calls"] = tool_calls_of(message["tool_calls"])
     if message.get("tool_call_id"):
         view["tool_call_id"] = message["tool_call_id"]
+    if message.get("role") == "tool" and message.get("name"):
+        view["tool_name"] = str(message["name"])
     return view
+
+
+def _name_tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each tool result named after the tool call it answers (a result carries only the call's id)."""
+    names = {c["id"]: c["name"] for m in messages for c in m.get("tool_calls", []) if c.get("id")}
+    for m in messages:
+        if m["role"] == "tool" and "tool_name" not in m and m.get("tool_call_id") in names:
+            m["tool_name"] = names[m["tool_call_id"]]
+    return messages
 
 
 def usage_of(usage: dict[str, Any] | None) -> dict[str, int | None]:
@@ -119,7 +129,9 @@ def _detail(span: Span) -> tuple[str, dict[str, Any]]:
     a = span.attributes
     call = LLMCall.from_span(span)
     if call is not None:
-        messages = [_message(m) for m in call.request_messages or [] if isinstance(m, dict)]
+        messages = _name_tool_results(
+            [_message(m) for m in call.request_messages or [] if isinstance(m, dict)]
+        )
         if not messages and call.prompt is not None:
             messages = [{"role": "prompt", "content": call.prompt}]
         response = _message(call.response_message) if call.response_message else None
@@ -254,12 +266,19 @@ def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
     return out
 
 
-def rollout_view(rollout: Rollout, reward: float | None, agent: str | None = None) -> dict[str, Any]:
-    """A rollout, secrets hidden, with its final reward, agent name and run time (None while it runs)."""
+def rollout_view(
+    rollout: Rollout, reward: float | None, agent: str | None = None, started_at: float | None = None
+) -> dict[str, Any]:
+    """A rollout, secrets hidden, with its final reward, agent name and run time (None while it runs).
+
+    The run time counts from ``started_at``, its first attempt's start (a claim), to its end: the
+    rollout's own ``started_at`` is stamped at its first span, often just before the end.
+    """
     view: dict[str, Any] = redact(rollout.model_dump(mode="json"))
     view["reward"] = reward
     view["agent"] = agent
-    view["duration_s"] = duration_s(rollout)
+    ended = rollout.ended_at
+    view["duration_s"] = ended - started_at if ended is not None and started_at is not None else None
     return view
 
 
@@ -365,5 +384,14 @@ def read_metrics(metrics_dir: Path) -> list[dict[str, Any]]:
         except (OSError, csv.Error, UnicodeDecodeError):
             continue  # a file being rewritten right now; the next poll reads it
         name = str(path.parent.relative_to(metrics_dir)) if path.parent != metrics_dir else metrics_dir.name
-        runs.append({"name": name, "path": str(path), "columns": columns, "rows": rows[-MAX_METRIC_ROWS:]})
+        store = path.parent / "store.db"  # where Trainer.fit keeps the run's own store
+        runs.append(
+            {
+                "name": name,
+                "path": str(path),
+                "store": str(store) if store.is_file() else None,
+                "columns": columns,
+                "rows": rows[-MAX_METRIC_ROWS:],
+            }
+        )
     return runs

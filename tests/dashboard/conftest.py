@@ -196,7 +196,9 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Filled]:
     metrics_dir = root / "runs"
     logger = MetricsLogger(metrics_dir / "grpo", progress=False)
     for step in range(1, 6):
-        logger.log(step, {"reward_mean": 0.1 * step, "loss": 1.0 / step})
+        # validation every other step, as with eval_every=2: its points are joined over the steps between
+        val = {"val_reward": 0.05 * step} if step % 2 else {}
+        logger.log(step, {"reward_mean": 0.1 * step, "loss": 1.0 / step, **val})
     logger.close()
     inner = SqliteLightningStore(str(root / "store.db"))
     app = mount_dashboard(create_app(inner, token=TOKEN), inner, token=TOKEN, metrics_dir=metrics_dir)

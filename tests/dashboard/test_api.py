@@ -295,9 +295,6 @@ def test_search_sort_and_filters(http: httpx.Client, filled: Filled) -> None:
     assert [r["reward"] for r in ranked] == [0.8, 0.6, 0.4, 0.2]
     rising = get(http, "rollouts", sort="reward", order="asc", mode="train", status="succeeded")["items"]
     assert [r["reward"] for r in rising] == [0.2, 0.4, 0.6, 0.8]
-    slow = get(http, "rollouts", sort="duration", status="succeeded")["items"]
-    durations = [r["duration_s"] for r in slow]
-    assert durations == sorted(durations, reverse=True) and all(d >= 0 for d in durations)
     v1 = get(http, "rollouts", resources_id=filled.v1)["items"]
     assert {r["rollout_id"] for r in v1} == {rid for rid, v in filled.versions.items() if v == filled.v1}
     errors = get(http, "rollouts", error="ValueError")["items"]
@@ -375,3 +372,32 @@ def test_search_sees_new_rollouts_and_status_changes(http: httpx.Client, filled:
     assert [r["rollout_id"] for r in get(http, "rollouts", q="zebra", status="cancelled")["items"]] == [
         created
     ]
+
+
+def test_a_rollouts_duration_runs_from_its_first_attempts_start_to_its_end(
+    http: httpx.Client, filled: Filled
+) -> None:
+    """Not from ``Rollout.started_at``: the store stamps that at the first span, often at the very end."""
+    listed = {r["rollout_id"]: r for r in get(http, "rollouts", limit=100)["items"]}
+    searched = {r["rollout_id"]: r for r in get(http, "rollouts", sort="reward", limit=100)["items"]}
+    for rollout_id in (filled.tool_rollout, filled.failed, filled.command_rollout):
+        one = get(http, f"rollouts/{rollout_id}")
+        first = one["attempts"][0]
+        r = one["rollout"]
+        expected = r["ended_at"] - first["started_at"]
+        assert expected >= one["attempts"][-1]["ended_at"] - one["attempts"][-1]["started_at"]
+        assert r["duration_s"] == pytest.approx(expected)
+        assert listed[rollout_id]["duration_s"] == pytest.approx(expected)
+        assert searched[rollout_id]["duration_s"] == pytest.approx(expected)
+        assert r["duration_s"] > r["ended_at"] - r["started_at"]  # what it showed before
+    assert listed[filled.queued]["duration_s"] is None  # not ended
+
+
+def test_error_types_seen_and_a_bad_run_name(http: httpx.Client, filled: Filled) -> None:
+    seen = get(http, "error_types")
+    assert {"error_type": "ValueError", "rollouts": 1} in seen["items"] and seen["partial"] is False
+    for run in ("nope", "../grpo", "/etc"):
+        bad = http.get("/ui/api/groups", params={"step": 1, "run": run})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "run", bad.text
+    mine = get(http, "groups", step=1, run="grpo")  # a run without a store.db of its own: this store's
+    assert mine["elsewhere"] is None and mine["run"] == "grpo"

@@ -4,6 +4,7 @@ checked against GRPO's own batch code on the same spans."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,8 +114,9 @@ def test_a_rollout_s_calls_samples_and_token_strip(http: httpx.Client, trained: 
         assert sum(mask) == sample["model_tokens"]
         assert all(lp == 0.0 for lp, m in zip(sample["logprobs"], mask, strict=True) if not m)
         assert all(lp < 0 for lp, m in zip(sample["logprobs"], mask, strict=True) if m)
-        assert len(sample["texts"]) == sample["length"]
-    assert t["tokenizer"] is True
+    t = _decoded(http, f"rollouts/{rollout_id}/training")  # the tokenizer loads in the background
+    assert t["tokenizer"] is True and t["tokenizer_loading"] is False
+    assert all(len(sample["texts"]) == sample["length"] for sample in t["samples"])
     flat = next(g for g in get(http, "groups", step=2)["items"])
     skipped_id = get(http, f"groups/{flat['group_id']}")["rollouts"][0]["rollout_id"]
     skipped = get(http, f"rollouts/{skipped_id}/training")
@@ -125,3 +127,40 @@ def test_a_rollout_s_calls_samples_and_token_strip(http: httpx.Client, trained: 
     assert long["samples"][0]["reason"].startswith("overlong") and not long["calls"][0]["trained"]
     bad = http.get(f"/ui/api/rollouts/{rollout_id}/training", params={"level": "turn"})
     assert bad.status_code == 422 and bad.json()["error"]["field"] == "level"
+
+
+def _decoded(http: httpx.Client, path: str) -> Any:
+    """The training view once its tokenizer has loaded (the first answers come with token ids)."""
+    deadline = time.monotonic() + 60
+    while (t := get(http, path))["tokenizer_loading"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return t
+
+
+def test_the_first_training_view_does_not_wait_for_the_tokenizer(trained: Trained) -> None:
+    """Loading a tokenizer takes seconds; the page gets token ids at once, and text once it loaded."""
+    from agl.dashboard import create_dashboard
+    from agl.dashboard.training import load_tokenizer
+
+    async def check() -> None:
+        load_tokenizer.cache_clear()  # as after a start: nothing loaded yet
+        store = SqliteLightningStore(str(trained.out / "store.db"))
+        app = create_dashboard(store)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://dash", timeout=60) as client:
+            groups = (await client.get("/ui/api/groups", params={"step": 1})).json()["items"]
+            live = next(g for g in groups if not g["zero_variance"])
+            group = (await client.get(f"/ui/api/groups/{live['group_id']}")).json()
+            path = f"/ui/api/rollouts/{group['rollouts'][0]['rollout_id']}/training"
+            first = (await client.get(path)).json()
+            assert first["tokenizer"] is False and first["tokenizer_loading"] is True
+            assert first["samples"] and all(s["texts"] is None for s in first["samples"])
+            deadline = time.monotonic() + 60
+            while (t := (await client.get(path)).json())["tokenizer_loading"]:
+                assert time.monotonic() < deadline, "the tokenizer never finished loading"
+                await asyncio.sleep(0.1)
+            assert t["tokenizer"] is True
+            assert all(len(s["texts"]) == s["length"] for s in t["samples"])
+        await store.aclose()
+
+    asyncio.run(check())

@@ -51,6 +51,15 @@ function s(tag, attrs, ...children) {
 // replaceChildren without the null/false placeholders of optional parts (it would print "null")
 const fill = (el, ...children) => el.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 const badge = (status) => h("span", { class: "badge s-" + status }, status);
+// What GRPO does with a group: a validation (or test) group is never trained, whatever its rewards.
+// The group page's own badge (long) explains zero variance.
+function groupBadge(mode, zeroVariance, trained, long) {
+  if (mode && mode !== "train") return h("span", { class: "badge s-cancelled not-trained" }, (mode === "val" ? "validation" : mode) + ": not trained");
+  if (zeroVariance) return h("span", { class: "badge s-failed", id: long ? "zero-variance" : null }, "skipped: zero variance" + (long ? " (every reward equal, no learning signal)" : ""));
+  return h("span", { class: "badge s-succeeded" }, trained || "trained");
+}
+// A reward's colour: green above 0, red below, grey at 0 or none (a 0 is no success).
+const rewardTone = (r) => (r === null || r === undefined || Number(r) === 0 ? "zero" : Number(r) > 0 ? "pos" : "neg");
 const fmtReward = (r) => (r === null || r === undefined ? "–" : Number(r).toFixed(3));
 const pad2 = (n) => String(n).padStart(2, "0");
 // Times carry their date (runs span days); the same clock everywhere: local time, 24 h.
@@ -67,7 +76,9 @@ function fmtDur(seconds) {
   return m < 60 ? `${m} min ${Math.round(seconds - m * 60)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
 }
 const fmtNum = (v, digits = 3) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
-const short = (id) => (id ? String(id).slice(0, 14) : "–");
+// An id in a narrow column: the whole id is the text (what a copy gets); a long one is cut on screen
+// with an ellipsis by CSS, and its title shows it in full.
+const idText = (id) => (id ? h("span", { class: "mono id", title: String(id) }, String(id)) : "–");
 function preview(value, n = 80) {
   const text = typeof value === "string" ? value : JSON.stringify(value);
   return text && text.length > n ? text.slice(0, n) + "…" : text || "";
@@ -91,7 +102,7 @@ function route() {
     a.classList.toggle("active", a.dataset.nav === ({ rollout: "rollouts", group: "rollouts", step: "curves" }[parts[0]] || parts[0])));
   if (parts[0] === "rollout" && parts[1]) return rolloutView(decodeURIComponent(parts[1]), params);
   if (parts[0] === "group" && parts[1]) return groupView(decodeURIComponent(parts[1]));
-  if (parts[0] === "step" && parts[1]) return stepView(decodeURIComponent(parts[1]));
+  if (parts[0] === "step" && parts[1]) return stepView(decodeURIComponent(parts[1]), params.get("run"));
   if (parts[0] === "resources") return resourcesView(parts[1] ? decodeURIComponent(parts[1]) : null, params.get("against"));
   if (parts[0] === "curves") return curvesView();
   return rolloutsView(params);
@@ -169,6 +180,10 @@ function rolloutsView(params) {
     return input;
   };
   const versionSelect = select("resources", "resources_id", [["", "all versions"]]);
+  // the error types the store has seen, with their counts (the one chosen stays listed even if gone)
+  const errorSelect = select("error", "error", [["", "any error"], ...(f.error ? [[f.error, f.error]] : [])]);
+  api("error_types").then((seen) => errorSelect.append(...seen.items.filter((e) => e.error_type !== f.error)
+    .map((e) => h("option", { value: e.error_type }, `${e.error_type} (${e.rollouts})`)))).catch(() => {});
   api("resources").then((list) => versionSelect.append(...list.items.map((v) => h("option",
     { value: v.resources_id, selected: v.resources_id === f.resources_id }, versionLabel(v))))).catch(() => {});
   const body = h("tbody");
@@ -185,7 +200,7 @@ function rolloutsView(params) {
       h("span", { class: "mute" }, " resources:"), versionSelect),
     h("div", { class: "filters" }, h("span", { class: "mute" }, "status:"), chips,
       statuses.size ? h("button", { class: "chip", onclick: () => { statuses.clear(); go({}); } }, "clear") : null,
-      text("group", "group_id", "group id"), text("agent", "agent", "agent name"), text("error", "error", "error type")),
+      text("group", "group_id", "group id"), text("agent", "agent", "agent name"), h("span", { class: "mute" }, " error:"), errorSelect),
     h("table", { id: "rollouts" },
       h("thead", {}, h("tr", {}, ["rollout", "status", "mode", "reward", "agent", "attempts", "resources", "created", "duration", "input"].map((c) => h("th", {}, c)))),
       body),
@@ -202,7 +217,7 @@ function rolloutsView(params) {
       },
         h("td", { class: "mono" }, r.rollout_id), h("td", {}, badge(r.status)), h("td", {}, r.mode),
         h("td", { class: "reward" }, fmtReward(r.reward)), h("td", { class: "agent" }, r.agent || "–"), h("td", {}, r.num_attempts),
-        h("td", { class: "mono" }, short(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
+        h("td", { class: "mono resources" }, idText(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
         h("td", { class: "nowrap" }, fmtDur(r.duration_s)),
         h("td", { class: "mono mute" }, preview(r.input)))));
       if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "empty" }, "No rollouts match.")));
@@ -210,22 +225,39 @@ function rolloutsView(params) {
   };
 }
 
-const versionLabel = (v) => `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${short(v.resources_id)}`;
+const versionLabel = (v) => `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${v.resources_id}`;
 
 // ----- one rollout: attempts, span tree + waterfall + detail panel, what was trained, transcript ------
 function rolloutView(rolloutId, params) {
   let attemptId = params.get("attempt") || "";
   let selected = null;
-  let training = null; // fetched once per view: the group's spans do not change after it finished
+  // The training view is read beside the rollout, never before it (it may import torch or wait for a
+  // tokenizer): the rollout draws at once and the section is swapped in place when its answer comes
+  // (the rest of the page, and what a person opened on it, stays). It is read again while the rollout
+  // runs or while its tokenizer loads; the group's spans do not change after.
+  let training = null;
+  let reading = false;
+  let drawn = null; // the span index and select action of the page on screen (the section's links use them)
+  const section = () => trainingSection(training ? training.data : null, drawn.byId, drawn.select);
+  const readTraining = (status) => {
+    reading = true;
+    api("rollouts/" + encodeURIComponent(rolloutId) + "/training").catch((e) => ({ error: e.message }))
+      .then((t) => {
+        training = { status, data: t };
+        if (current !== mine) return;
+        const old = document.getElementById("training");
+        if (old && drawn) old.replaceWith(section());
+        if (t.tokenizer_loading) setTimeout(() => current === mine && readTraining(status), 400);
+        else reading = false;
+      });
+  };
   fill(view, h("div", { class: "empty" }, "loading…"));
-  return {
+  const mine = {
     load: async () => {
       const data = await api("rollouts/" + encodeURIComponent(rolloutId) + (attemptId ? "?attempt_id=" + encodeURIComponent(attemptId) : ""));
-      if (!training || !["succeeded", "failed", "cancelled"].includes(training.status)) {
-        const t = await api("rollouts/" + encodeURIComponent(rolloutId) + "/training").catch((e) => ({ error: e.message }));
-        training = { status: data.rollout.status, data: t };
-      }
-      return { ...data, training: training.data };
+      const stale = !training || !["succeeded", "failed", "cancelled"].includes(training.status);
+      if (stale && !reading) readTraining(data.rollout.status);
+      return data;
     },
     draw: (data) => {
       const r = data.rollout;
@@ -241,6 +273,7 @@ function rolloutView(rolloutId, params) {
       const byId = Object.fromEntries(data.spans.map((sp) => [sp.span_id, sp]));
       const detail = h("div", { id: "span-detail", class: "panel", hidden: true });
       const select = (id) => { selected = id; flash(id); showSpan(detail, rolloutId, byId[id]); };
+      drawn = { byId, select };
       fill(view, 
         h("h2", {}, h("a", { href: "#/rollouts" }, "Rollouts"), " / ", h("span", { class: "mono" }, r.rollout_id), " ", badge(r.status)),
         h("div", { class: "panel kv" },
@@ -256,12 +289,13 @@ function rolloutView(rolloutId, params) {
         h("h3", {}, `Attempts (${data.attempts.length})`), attempts,
         h("h3", {}, `Span tree and timeline (${data.spans_truncated ? "the first " : ""}${data.spans.length} span${data.spans.length === 1 ? "" : "s"}) · click a span for all its attributes`),
         h("div", { class: "trace-wrap" }, data.spans.length ? traceTable(data.spans, select) : h("div", { class: "empty" }, "No spans."), detail),
-        trainingSection(data.training, byId, select),
+        section(),
         h("h3", {}, "Transcript"),
         h("div", { id: "transcript" }, transcript(data.spans)));
       if (selected && byId[selected]) { flash(selected, false); showSpan(detail, rolloutId, byId[selected]); }
     },
   };
+  return mine;
 }
 
 function traceTable(spans, onSelect) {
@@ -324,13 +358,14 @@ function showSpan(panel, rolloutId, sp) {
 // ----- what GRPO trains on: each call trained or skipped (and why), the merged samples' tokens ------
 function trainingSection(t, byId, select) {
   const box = h("div", { id: "training" }, h("h3", {}, "What was trained (GRPO, as a step with default settings sees it)"));
-  if (!t) return box;
+  if (!t) return box.appendChild(h("div", { class: "empty", id: "training-pending" }, "analysing what GRPO trains on…")) && box;
   if (t.error) return box.appendChild(h("div", { class: "empty" }, "Could not analyse: " + t.error)) && box;
   const g = t.group;
   const mine = g.rollouts.find((row) => row.rollout_id === t.rollout_id) || {};
+  const skipWord = mine.mode && mine.mode !== "train" ? "not trained" : "skipped"; // GRPO never trains val rollouts
   box.append(h("div", { class: "panel kv", id: "training-summary" },
     h("span", {}, "group"), h("span", {}, t.group_id ? h("a", { href: "#/group/" + encodeURIComponent(t.group_id) }, `${t.group_id} (${g.rollouts.length} rollouts)`) : "none (a rollout of its own)",
-      g.zero_variance ? [" ", h("span", { class: "badge s-failed" }, "skipped: zero variance")] : null),
+      g.zero_variance || (mine.mode && mine.mode !== "train") ? [" ", groupBadge(mine.mode, g.zero_variance)] : null),
     h("span", {}, "group reward"), h("span", {}, `mean ${fmtNum(g.mean)} · std ${fmtNum(g.std)}`),
     h("span", {}, "this rollout"), h("span", { id: "training-verdict" }, mine.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled" }, "not trained"),
       ` advantage ${fmtNum(mine.advantage)}`, mine.reason ? " · " + mine.reason : "")));
@@ -341,14 +376,14 @@ function trainingSection(t, byId, select) {
       h("td", {}, "#" + (c.index + 1)), h("td", {}, c.agent || "–"), h("td", { class: "mono" }, c.model_version || "–"),
       h("td", {}, c.prompt_tokens === null ? "no token ids" : `${c.prompt_tokens} + ${c.completion_tokens}`),
       h("td", {}, c.sample === null ? "–" : "#" + (c.sample + 1)),
-      h("td", { class: "verdict" }, c.trained ? h("span", { class: "badge s-succeeded" }, "trained") : [h("span", { class: "badge s-cancelled" }, "skipped"), " ", c.reason]))))));
-  for (const sm of t.samples) box.append(sampleStrip(sm, t.tokenizer));
+      h("td", { class: "verdict" }, c.trained ? h("span", { class: "badge s-succeeded" }, "trained") : [h("span", { class: "badge s-cancelled" }, skipWord), " ", c.reason]))))));
+  for (const sm of t.samples) box.append(sampleStrip(sm, t.tokenizer, t.tokenizer_loading, skipWord));
   return box;
 }
 
 // A heat strip of one merged sample: context tokens grey, completion tokens (loss mask 1) coloured by
 // their logprob (green: likely, red: unlikely); each call's completion starts at a marked token.
-function sampleStrip(sm, decoded) {
+function sampleStrip(sm, decoded, loading, skipWord) {
   const starts = new Map(sm.call_spans.map(([a], i) => [a, i]));
   const ends = new Set(sm.call_spans.map(([, b]) => b - 1));
   const tokens = sm.input_ids.map((id, i) => {
@@ -365,13 +400,13 @@ function sampleStrip(sm, decoded) {
   });
   return h("div", { class: "panel sample", "data-sample": sm.index },
     h("div", { class: "title" }, h("b", {}, `Sample #${sm.index + 1}`), h("span", { class: "mute" },
-      `  ${sm.length} tokens · ${sm.model_tokens} completion tokens trained on · ${sm.num_calls} call${sm.num_calls === 1 ? "" : "s"} merged` +
+      `  ${sm.length} tokens · ${sm.model_tokens} completion tokens ${sm.trained ? "trained on" : "(not trained)"} · ${sm.num_calls} call${sm.num_calls === 1 ? "" : "s"} merged` +
       (sm.agent ? ` · agent ${sm.agent}` : "") + ` · advantage ${fmtNum(sm.advantage)}`),
-      " ", sm.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled", title: sm.reason }, "skipped: " + sm.reason)),
+      " ", sm.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled", title: sm.reason }, `${skipWord}: ${sm.reason}`)),
     sm.mismatch ? h("div", { class: "mismatch" }, `Starts a new sample: prefix mismatch (${sm.mismatch.class}) with the previous sample at token ${sm.mismatch.at}.`) : null,
     h("div", { class: "legend" }, h("span", { class: "tok ctx" }, "context (mask 0)"), h("span", { class: "tok gen", style: "background:hsl(100,70%,80%)" }, "completion, likely"),
       h("span", { class: "tok gen", style: "background:hsl(10,70%,80%)" }, "completion, unlikely"), h("span", { class: "tok gen call-start" }, "a call's first token"),
-      decoded ? "" : h("span", { class: "mute" }, " (no tokenizer next to the weights: token ids shown)")),
+      decoded ? "" : h("span", { class: "mute tokenizer-note" }, loading ? " (the tokenizer is loading: token ids shown until it is ready)" : " (no tokenizer next to the weights: token ids shown)")),
     h("div", { class: "strip" }, tokens),
     sm.cut ? h("div", { class: "mute" }, `… the first ${sm.input_ids.length} of ${sm.length} tokens shown`) : null);
 }
@@ -395,7 +430,8 @@ function transcript(spans) {
 function message(m) {
   const empty = !m.content && !(m.tool_calls || []).length;
   return h("div", { class: "msg " + m.role },
-    h("div", { class: "role" }, m.role, m.tool_call_id ? h("span", { class: "call-id mono" }, " " + m.tool_call_id) : null),
+    h("div", { class: "role" }, m.role === "tool" ? "tool result" : m.role, m.tool_name ? h("span", { class: "tool-name mono" }, " " + m.tool_name) : null,
+      m.tool_call_id ? h("span", { class: "call-id mono" }, " " + m.tool_call_id) : null),
     m.content ? h("pre", {}, m.content) : null,
     empty ? h("div", { class: "mute empty-msg" }, m.role === "assistant" ? "(empty completion)" : "(empty message)") : null,
     (m.tool_calls || []).map(toolCall));
@@ -428,7 +464,7 @@ function card(sp, known, inPanel) {
   } else if (sp.category === "reward") {
     const values = Object.entries(d.values || {});
     const extra = values.length > 1 ? values.map(([k, v]) => `${k}=${fmtReward(v)}`).join("  ") : "";
-    body = [head("Reward", extra), h("div", { class: "big-reward" }, fmtReward(d.value))];
+    body = [head("Reward", extra), h("div", { class: "big-reward " + rewardTone(d.value) }, fmtReward(d.value))];
   } else if (sp.category === "message") {
     body = [head("Message"), h("pre", {}, d.text || "")];
   } else if (sp.category === "operation") {
@@ -457,8 +493,7 @@ function groupView(groupId) {
     draw: (g) => {
       fill(view, 
         h("h2", {}, h("a", { href: "#/rollouts?group_id=" + encodeURIComponent(groupId) }, "Group"), " ", h("span", { class: "mono" }, groupId), " ",
-          g.zero_variance ? h("span", { class: "badge s-failed", id: "zero-variance" }, "skipped: zero variance (every reward equal, no learning signal)")
-            : h("span", { class: "badge s-succeeded" }, `trained: ${g.trained_samples} sample${g.trained_samples === 1 ? "" : "s"}`)),
+          groupBadge(g.mode, g.zero_variance, `trained: ${g.trained_samples} sample${g.trained_samples === 1 ? "" : "s"}`, true)),
         h("div", { class: "panel kv", id: "group-summary" },
           h("span", {}, "task"), h("pre", {}, pretty(g.input)),
           h("span", {}, "resources"), h("span", {}, g.resources_id ? [h("a", { href: "#/resources/" + encodeURIComponent(g.resources_id), class: "mono" }, g.resources_id),
@@ -478,20 +513,28 @@ function groupView(groupId) {
   };
 }
 
-function stepView(step) {
+// run: the metrics run whose point was clicked; another run's step lives in that run's own store.
+function stepView(step, run) {
   fill(view, h("div", { class: "empty" }, "loading…"));
   return {
-    load: () => api("groups?step=" + encodeURIComponent(step)),
+    load: () => api("groups?step=" + encodeURIComponent(step) + (run ? "&run=" + encodeURIComponent(run) : "")),
     draw: (data) => {
-      fill(view, 
-        h("h2", {}, h("a", { href: "#/curves" }, "Curves"), ` / step ${step}: ${data.items.length} group${data.items.length === 1 ? "" : "s"}`),
+      const title = [h("a", { href: "#/curves" }, "Curves"), run ? [" / run ", h("span", { class: "mono", id: "step-run" }, run)] : null, ` / step ${step}`];
+      if (data.elsewhere) {
+        return fill(view, h("h2", {}, title), h("div", { class: "panel mismatch", id: "step-elsewhere" },
+          `Step ${step} of run ${run} is in that run's own store, not in the store this dashboard reads: `,
+          h("span", { class: "mono" }, data.elsewhere), ". To see its groups, serve that store: ",
+          h("code", {}, `agl store serve --backend sqlite:///${data.elsewhere} --metrics-dir …`)));
+      }
+      fill(view,
+        h("h2", {}, title, `: ${data.items.length} group${data.items.length === 1 ? "" : "s"}`),
         h("table", { id: "step-groups" },
           h("thead", {}, h("tr", {}, ["group", "task", "rollouts", "rewards", "mean", "GRPO"].map((c) => h("th", {}, c)))),
           h("tbody", {}, data.items.map((g) => h("tr", { class: "link", "data-group": g.group_id, onclick: () => { location.hash = "#/group/" + encodeURIComponent(g.group_id); } },
             h("td", { class: "mono" }, g.group_id), h("td", { class: "mono" }, preview(g.input, 60)), h("td", {}, g.rollouts),
             h("td", { class: "mono" }, g.rewards.map(fmtReward).join("  ")), h("td", { class: "reward" }, fmtReward(g.mean)),
-            h("td", {}, g.zero_variance ? h("span", { class: "badge s-failed" }, "skipped: zero variance") : h("span", { class: "badge s-succeeded" }, "trained")))))),
-        data.items.length && data.items.every((g) => g.zero_variance)
+            h("td", {}, groupBadge(g.mode, g.zero_variance)))))),
+        data.items.some((g) => g.mode === "train") && data.items.filter((g) => g.mode === "train").every((g) => g.zero_variance)
           ? h("div", { class: "panel mismatch", id: "no-update" }, `Step ${step} made no update: every group got one reward only, so GRPO had no sample to train on.`) : null,
         data.items.length ? null : h("div", { class: "empty" }, "No training groups recorded this step."));
     },
@@ -519,7 +562,7 @@ function resourcesView(selectedId, against) {
             onclick: () => { location.hash = "#/resources/" + encodeURIComponent(v.resources_id); },
           }, h("td", {}, "v" + v.version), h("td", { class: "mono" }, v.model_version || "–"), h("td", { class: "mono" }, v.resources_id),
             h("td", {}, v.apo ? v.apo.round : "–"), h("td", { class: "reward" }, fmtReward(v.val_reward)),
-            h("td", { class: "reward" }, fmtReward(v.train_reward)), h("td", { class: "mono" }, short(v.diff_parent_id)),
+            h("td", { class: "reward" }, fmtReward(v.train_reward)), h("td", { class: "mono parent" }, idText(v.diff_parent_id)),
             h("td", { class: "nowrap" }, fmtTime(v.created_at)))))),
         chosen ? versionDetail(chosen, diff, list.items) : h("div", { class: "empty" }, "No resources versions yet."));
     },
@@ -545,7 +588,11 @@ function versionDetail(v, diff, versions) {
 // ----- curves: key metrics first, runs overlaid, steps without an update marked -------------------------
 const MODE_COLORS = { train: "#2f6fde", val: "#2db36b", test: "#e69a3b" }; // one colour per mode on every chart
 const RUN_COLORS = ["#2f6fde", "#e0553a", "#2db36b", "#b07ae0", "#e69a3b", "#3bb5c9"];
-const KEY_METRICS = ["reward_mean", "val_reward", "samples", "zero_variance_groups", "kl", "clip_fraction", "loss"];
+const KEY_METRICS = ["reward_mean", "val_reward", "loss", "samples", "zero_variance_groups", "kl", "clip_fraction"];
+const openGroups = new Set(); // the folded metric groups a person opened (kept across redraws)
+// Metrics logged on some steps only (validation every eval_every steps): their points are joined over
+// the steps between; any other missing value (no loss on a step without an update) stays a gap.
+const sparse = (column) => column.startsWith("val_");
 const hiddenRuns = new Set();
 
 // A step made no policy update when it had no sample to train on (every group zero variance, all failed).
@@ -572,14 +619,36 @@ function curvesView() {
       const shownRuns = runs.filter((run) => !hiddenRuns.has(run.name));
       const steps = shownRuns.flatMap((run) => run.rows.map((row) => row.step).filter((x) => x !== null));
       const xRange = steps.length ? [Math.min(...steps), Math.max(...steps)] : null; // one x range: steps line up
-      const markers = shownRuns.flatMap((run) => run.rows.filter(noUpdate).map((row) => ({ x: row.step, label: `${run.name}: step ${row.step} made no update (no sample to train on)` })));
+      const markers = shownRuns.flatMap((run) => run.rows.filter(noUpdate).map((row) => ({ x: row.step, run: run.name, color: run.color, label: `${run.name}: step ${row.step} made no update (no sample to train on)` })));
       const columns = [...new Set(runs.flatMap((run) => run.columns.filter((c) => c !== "step")))];
-      const ordered = [...KEY_METRICS.filter((c) => columns.includes(c)), ...columns.filter((c) => !KEY_METRICS.includes(c))];
-      const metricCharts = ordered.map((column) => chart(column, shownRuns.filter((run) => run.columns.includes(column)).map((run) => ({
+      const seriesOf = (column) => shownRuns.filter((run) => run.columns.includes(column)).map((run) => ({
         name: run.name, color: run.color,
-        // a missing value (a step without an update has no loss) breaks the line: a gap, not a bridge
-        points: run.rows.filter((row) => row.step !== null).map((row) => [row.step, row[column]]),
-      })), { xLabel: "step", integerX: true, xRange, markers, onClickX: (x) => { location.hash = "#/step/" + x; }, key: KEY_METRICS.includes(column) }));
+        points: run.rows.filter((row) => row.step !== null && (!sparse(column) || (row[column] !== null && row[column] !== undefined)))
+          .map((row) => [row.step, row[column]]),
+      }));
+      // a key metric that is zero on every step of every run (kl without a KL term) says nothing up there
+      const flat = (column) => seriesOf(column).every((sr) => sr.points.every(([, y]) => y === null || y === undefined || y === 0));
+      const key = KEY_METRICS.filter((c) => columns.includes(c) && !flat(c));
+      const flatKey = KEY_METRICS.filter((c) => columns.includes(c) && flat(c));
+      const metricChart = (column) => chart(column, seriesOf(column), { xLabel: "step", integerX: true, xRange, markers,
+        onClickX: (x, run) => { location.hash = "#/step/" + x + "?run=" + encodeURIComponent(run); }, key: key.includes(column) });
+      // the rest folded, grouped by the name's first word (time_*, memory_*, ratio_*); lone ones as "other"
+      const rest = columns.filter((c) => !key.includes(c));
+      const prefix = (c) => c.split(/[_/.]/)[0];
+      const counts = {};
+      for (const c of rest) counts[prefix(c)] = (counts[prefix(c)] || 0) + 1;
+      const groups = {};
+      for (const c of rest) (groups[counts[prefix(c)] > 1 ? prefix(c) : "other"] ||= []).push(c);
+      const folded = Object.entries(groups).sort(([a], [b]) => (a === "other") - (b === "other") || a.localeCompare(b)).map(([name, cols]) => {
+        const box = h("details", { class: "metric-group", "data-group": name, open: openGroups.has(name) },
+          h("summary", {}, `${name} (${cols.length})`), h("div", { class: "charts" }, cols.map(metricChart)));
+        box.addEventListener("toggle", () => { box.open ? openGroups.add(name) : openGroups.delete(name); });
+        return box;
+      });
+      const metricCharts = columns.length ? [
+        h("div", { class: "charts", id: "key-charts" }, key.map(metricChart)),
+        flatKey.length ? h("div", { class: "mute", id: "flat-key" }, `zero on every step, so folded below: ${flatKey.join(", ")}`) : null,
+        folded] : [];
       const runPicker = runs.length > 1 ? h("div", { class: "filters", id: "runs" }, h("span", { class: "mute" }, "runs:"), runs.map((run) => h("label", { class: "chip" },
         h("input", { type: "checkbox", checked: !hiddenRuns.has(run.name), onchange: (e) => { e.target.checked ? hiddenRuns.delete(run.name) : hiddenRuns.add(run.name); refresh(true); } }),
         h("span", { style: `color:${run.color}` }, " ● "), run.name))) : null;
@@ -590,7 +659,7 @@ function curvesView() {
           chart("Reward of finished rollouts over time", timeSeries, { xLabel: "time", xFormat: (t) => fmtTime(t).slice(11), time: true })),
         h("h3", {}, "Per-step metrics (metrics.csv) · key metrics first · click a point to see that step's groups"),
         runPicker,
-        metricCharts.length ? h("div", { class: "charts", id: "metric-charts" }, metricCharts)
+        metricCharts.length ? h("div", { id: "metric-charts" }, metricCharts)
           : h("div", { class: "empty" }, metrics.configured ? "No metrics.csv yet in the metrics directory."
             : "Start the server with --metrics-dir DIR (a training output directory) to chart its metrics.csv."));
     },
@@ -644,10 +713,11 @@ function chart(title, series, opts = {}) {
     shown.add(label);
     svg.append(s("text", { x: X(t), y: H - B + 16, "text-anchor": "middle", class: "xtick" }, label));
   }
-  for (const m of opts.markers || []) {
-    if (m.x < x0 || m.x > x1) continue;
-    svg.append(s("line", { class: "no-update", x1: X(m.x), x2: X(m.x), y1: T, y2: H - B }, s("title", {}, m.label)),
-      s("text", { class: "no-update-mark", x: X(m.x), y: H - B - 3, "text-anchor": "middle" }, "×", s("title", {}, m.label)));
+  // a marker belongs to its run: drawn in its colour, and only where that run's series is drawn
+  const markers = (opts.markers || []).filter((m) => m.x >= x0 && m.x <= x1 && (!m.run || series.some((sr) => sr.name === m.run)));
+  for (const m of markers) {
+    svg.append(s("line", { class: "no-update", "data-run": m.run || "", "data-x": m.x, x1: X(m.x), x2: X(m.x), y1: T, y2: H - B, style: m.color ? `stroke:${m.color}` : "" }, s("title", {}, m.label)),
+      s("text", { class: "no-update-mark", "data-run": m.run || "", x: X(m.x), y: H - B - 3, "text-anchor": "middle", style: m.color ? `fill:${m.color}` : "" }, "×", s("title", {}, m.label)));
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }),
     s("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }),
@@ -664,14 +734,14 @@ function chart(title, series, opts = {}) {
     for (const [x, y] of pts) {
       if (y === null || y === undefined) continue;
       const label = `${sr.name} · ${opts.xFormat ? opts.xFormat(x) : (opts.xLabel || "x") + " " + x}: ${fmtValue(y)}`;
-      const dot = s("circle", { cx: X(x), cy: Y(y), r: sr.dots ? 3 : 3.5, fill: sr.color, "fill-opacity": sr.dots ? 0.6 : 1, "data-x": x, class: opts.onClickX ? "clickable" : "" }, s("title", {}, label));
+      const dot = s("circle", { "data-series": sr.name, cx: X(x), cy: Y(y), r: sr.dots ? 3 : 3.5, fill: sr.color, "fill-opacity": sr.dots ? 0.6 : 1, "data-x": x, class: opts.onClickX ? "clickable" : "" }, s("title", {}, label));
       dot.addEventListener("mouseenter", () => { readout.textContent = label; });
-      if (opts.onClickX) dot.addEventListener("click", () => opts.onClickX(x));
+      if (opts.onClickX) dot.addEventListener("click", () => opts.onClickX(x, sr.name));
       svg.append(dot);
     }
   }
   box.append(svg, h("div", { class: "legend" }, series.map((sr) => h("span", {}, h("span", { style: `color:${sr.color}` }, "●"), " " + sr.name)),
-    (opts.markers || []).length ? h("span", { class: "no-update-legend" }, "× step without an update") : null), readout);
+    markers.length ? h("span", { class: "no-update-legend" }, "× step without an update (in its run's colour)") : null), readout);
   return box;
 }
 
