@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "PromptTemplate": "agl.schemas",
     "ResourcesVersion": "agl.schemas",
     "RetryConfig": "agl.schemas",
+    "RewardError": "agl.errors",
     "Rollout": "agl.schemas",
     "RolloutStatus": "agl.schemas",
     "Span": "agl.schemas",
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
         emit_reward,
         operation,
     )
+    from agl.errors import RewardError
     from agl.runner import Runner
     from agl.schemas import (
         LLM,
@@ -120,6 +122,7 @@ __all__ = [
     "PromptTemplate",
     "ResourcesVersion",
     "RetryConfig",
+    "RewardError",
     "Rollout",
     "RolloutStatus",
     "Runner",

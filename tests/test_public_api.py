@@ -30,6 +30,7 @@ EXPORTED = [
     "PromptTemplate",
     "ResourcesVersion",
     "RetryConfig",
+    "RewardError",
     "Rollout",
     "RolloutStatus",
     "Runner",
