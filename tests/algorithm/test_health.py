@@ -61,7 +61,13 @@ async def test_failures_carry_the_first_error_from_the_store(monkeypatch: pytest
     assert (failures.failed, failures.total, failures.all_failed) == (2, 2, True)
     assert failures.first_error is not None
     assert failures.first_error.startswith("OpenAIError: Missing credentials")
-    assert failures.metrics("val_") == {"val_failed_rollouts": 2.0, "val_rollouts": 2.0}
+    assert failures.metrics("val_") == {
+        "val_failed_rollouts": 2.0,
+        "val_rollouts": 2.0,
+        "val_failed_infra": 0.0,
+        "val_failed_agent": 2.0,  # a client built without credentials: the agent's code
+        "val_failed_reward": 0.0,
+    }
 
 
 async def test_only_failed_rollouts_count_and_unfinished_ones_are_named() -> None:
