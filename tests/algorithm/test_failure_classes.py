@@ -21,6 +21,7 @@ from agl.algorithm.grpo.failures import DROPPED_FILE, Settled, TaskIndex, settle
 from agl.algorithm.health import rollout_failures
 from agl.errors import ConfigError, GatewayError, RewardError
 from agl.failures import classify_exception
+from agl.models import tiny_model
 from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate
 from agl.store import InMemoryLightningStore
 
@@ -288,3 +289,60 @@ async def test_a_rollout_unfinished_in_time_is_cancelled_and_resampled(tmp_path:
     assert (row["class"], row["reason"]) == ("infra", "resampled")
     assert row["error"].startswith("rollout not finished in time")
     assert (await store.get_rollout(row["rollout_id"])).status.value == "cancelled"
+
+
+@agl.rollout
+async def model_agent(task: str, llm: agl.LLM) -> float:
+    """Calls the tiny model through the gateway, then fails as its task says: ``once-infra`` finds the
+    gateway down on its first rollout, ``once-agent`` / ``agent`` raise after the call, ``once-reward``
+    has a reward function that raises. Every other rollout scores 1."""
+    fault = task.split("-")[1] if task.startswith("once-") and task not in _SEEN else task
+    _SEEN.add(task)
+    client = openai.AsyncOpenAI(
+        base_url=DEAD if fault == "infra" else llm.endpoint, api_key="k", max_retries=0
+    )
+    try:
+        await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": task}], max_tokens=4
+        )
+    finally:
+        await client.close()
+    return await faulty_agent.fn(fault if fault in ("agent", "reward") else "ok")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_grpo_step_on_the_tiny_model_handles_each_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = GRPOConfig(
+        model_path=str(tiny_model()),
+        steps=1,
+        tasks_per_step=3,
+        group_size=2,
+        lr=1e-3,
+        eval_every=1,
+        export_model=False,
+        stop_on_all_failed=False,
+    )
+    trainer = agl.Trainer(algorithm=agl.GRPO(config), n_runners=4, output_dir=str(tmp_path))
+    result = trainer.fit(model_agent, ["once-infra", "once-agent", "once-reward"], ["ok", "agent"])
+    (row,) = result["history"]
+    # infra: resampled into its group (both then score 1: a flat group); agent: its failure trains as 0
+    # beside the member that scored 1; reward: the whole group is dropped
+    assert (row["resampled_rollouts"], row["zeroed_rollouts"], row["dropped_groups"]) == (1.0, 1.0, 1.0)
+    assert (row["failed_agent"], row["failed_reward"], row["failed_infra"]) == (1.0, 1.0, 0.0)
+    assert (row["groups"], row["zero_variance_groups"], row["samples"]) == (2.0, 1.0, 2.0)
+    assert "loss" in row  # the step trained
+    # validation: the score is over the rollout that yielded a reward; the agent's failure is apart
+    assert result["val_reward_before"] == 1.0 and result["val_reward_after"] == 1.0
+    assert result["val_failures_before"] == {"agent": 1} and result["val_failures_after"] == {"agent": 1}
+    assert row["val_failed_agent"] == 1.0 and row["val_rollouts"] == 2.0
+    rows = [json.loads(line) for line in (tmp_path / DROPPED_FILE).read_text().splitlines()]
+    train = sorted((r["reason"], r["class"], r["task_index"]) for r in rows if r["mode"] == "train")
+    assert train == [("dropped with its group", None, 2), ("failed", "reward", 2), ("resampled", "infra", 0)]
+    val = sorted((r["step"], r["class"], r["task_index"]) for r in rows if r["mode"] == "val")
+    assert val == [(0, "agent", 1), (1, "agent", 1)]
+    assert all(r["attempts"] == 1 and r["error"] for r in rows if r["class"])
+    err = capsys.readouterr().err
+    assert "val_failed=1/2 (agent 1)" in err
