@@ -1,6 +1,7 @@
 """Why a run is not learning, said as it happens: rollouts that fail, and rewards that give no signal.
 
-Failed rollouts are counted per step with the first one's error (from its attempt, or its exception span).
+Failed rollouts are counted per step, per failure class (``infra``, ``agent``, ``reward``: :mod:`agl.failures`),
+with the first one's error (from its attempt, or its exception span).
 When every rollout of the first step or of the baseline evaluation fails, training stops with that error
 (:func:`check_not_all_failed`) rather than running steps that train nothing. :class:`LearningCheck` warns
 once per run when the rewards cannot teach anything: every group scored alike, or nothing scored at all.

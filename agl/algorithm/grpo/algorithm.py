@@ -1,8 +1,9 @@
 """GRPO as an agl Algorithm: groups of rollouts through the store, samples from spans, a policy step, weight sync.
 
 Each step: enqueue ``group_size`` rollouts per task (one ``group_id`` per task), wait for them, turn
-their spans into samples (trajectory-level by default), drop what must not be trained on (failed
-rollouts, zero-variance groups, over-long samples; each counted), compute group-relative advantages
+their spans into samples (trajectory-level by default), settle failed rollouts by their class
+(``GRPOConfig.on_failure``: resampled, dropped or trained as 0; grpo/failures.py), drop what must not be
+trained on (zero-variance groups, over-long samples; each counted), compute group-relative advantages
 per rollout, take one optimizer step, push the new weights to the engine and publish them as a new
 resources version, so the next rollouts record the version they ran with.
 """
