@@ -23,7 +23,7 @@ from agl.errors import ConfigError, GatewayError, RewardError
 from agl.failures import classify_exception
 from agl.models import tiny_model
 from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate
-from agl.store import InMemoryLightningStore
+from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
 
 DEAD = "http://127.0.0.1:9/v1"  # nothing listens: connection refused, as from a gateway that is down
 
@@ -114,7 +114,7 @@ def test_on_failure_merges_defaults_and_names_a_bad_key_or_value() -> None:
         GRPOConfig(model_path="m", max_resamples=-1)
 
 
-async def _run(store: InMemoryLightningStore, requests: list[RolloutCreate]) -> list[str]:
+async def _run(store: LightningStore, requests: list[RolloutCreate]) -> list[str]:
     created = await store.enqueue_rollouts(requests)
     runner = agl.Runner(
         faulty_agent, store, max_concurrency=8, poll_interval_s=0.01, heartbeat_interval_s=0.2
@@ -123,8 +123,9 @@ async def _run(store: InMemoryLightningStore, requests: list[RolloutCreate]) -> 
     return [r.rollout_id for r in created]
 
 
-async def test_the_runner_stores_each_class_with_the_failed_attempt() -> None:
-    store = InMemoryLightningStore()
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_the_runner_stores_each_class_with_the_failed_attempt(kind: str, tmp_path: Path) -> None:
+    store = InMemoryLightningStore() if kind == "memory" else SqliteLightningStore(str(tmp_path / "s.db"))
     tasks = ["infra", "agent", "reward", "nan", "ok"]
     ids = await _run(store, [RolloutCreate(input=t) for t in tasks])
     timed = await _run(store, [RolloutCreate(input="hang", retry=RetryConfig(timeout_s=0.3))])
@@ -142,6 +143,7 @@ async def test_the_runner_stores_each_class_with_the_failed_attempt() -> None:
     assert errors["nan"].startswith("RewardError: rewards must be finite numbers")
     assert errors["hang"] == "the agent ran past timeout_s=0.3"
     assert (await store.query_attempts(rollout_id=timed[0])).items[-1].status == AttemptStatus.TIMEOUT
+    await store.aclose()
 
 
 async def test_an_attempt_the_watchdog_ends_or_a_rollout_left_unfinished_is_infra() -> None:
