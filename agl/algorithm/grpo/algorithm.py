@@ -271,6 +271,7 @@ class GRPO(Algorithm):
                     versions,
                     fallback=fetched.enqueued_version,
                     max_staleness=pipeline.depth,
+                    zeroed=settled.zeroed,
                 )
                 batch = build_batch(kept, settled.spans, cfg, settled.zeroed)
                 rollout_s = time.perf_counter() - started
