@@ -21,6 +21,7 @@ from agl.algorithm.grpo.failures import DROPPED_FILE, Settled, TaskIndex, settle
 from agl.algorithm.health import rollout_failures
 from agl.errors import ConfigError, GatewayError, RewardError
 from agl.failures import classify_exception
+from agl.gateway import Gateway, GatewayConfig
 from agl.models import tiny_model
 from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate
 from agl.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
@@ -114,11 +115,9 @@ def test_on_failure_merges_defaults_and_names_a_bad_key_or_value() -> None:
         GRPOConfig(model_path="m", max_resamples=-1)
 
 
-async def _run(store: LightningStore, requests: list[RolloutCreate]) -> list[str]:
+async def _run(store: LightningStore, requests: list[RolloutCreate], agent: Any = faulty_agent) -> list[str]:
     created = await store.enqueue_rollouts(requests)
-    runner = agl.Runner(
-        faulty_agent, store, max_concurrency=8, poll_interval_s=0.01, heartbeat_interval_s=0.2
-    )
+    runner = agl.Runner(agent, store, max_concurrency=8, poll_interval_s=0.01, heartbeat_interval_s=0.2)
     await runner.run(max_rollouts=len(requests))
     return [r.rollout_id for r in created]
 
@@ -144,6 +143,30 @@ async def test_the_runner_stores_each_class_with_the_failed_attempt(kind: str, t
     assert errors["hang"] == "the agent ran past timeout_s=0.3"
     assert (await store.query_attempts(rollout_id=timed[0])).items[-1].status == AttemptStatus.TIMEOUT
     await store.aclose()
+
+
+@agl.rollout
+async def gateway_agent(task: str, llm: agl.LLM) -> float:
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="k", max_retries=0)
+    try:
+        await client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task}])
+    finally:
+        await client.close()
+    return 1.0
+
+
+async def test_a_gateway_whose_engine_is_down_is_infra() -> None:
+    store = InMemoryLightningStore()
+    config = GatewayConfig(health_interval_s=0.1, backoff_s=0.01)
+    with Gateway(store, [DEAD], config) as gateway:  # the engine behind it is not there: a 502 reply
+        resources = await store.add_resources({"llm": agl.LLM(endpoint=gateway.endpoint_template, model="m")})
+        (rid,) = await _run(
+            store, [RolloutCreate(input="t", resources_id=resources.resources_id)], gateway_agent
+        )
+        rollout = await store.get_rollout(rid)
+        failures = await rollout_failures(store, [rollout], {})
+    assert failures.by_class == {"infra": 1}
+    assert failures.first_error is not None and failures.first_error.startswith("InternalServerError")
 
 
 async def test_an_attempt_the_watchdog_ends_or_a_rollout_left_unfinished_is_infra() -> None:
