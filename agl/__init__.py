@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     "PromptTemplate": "agl.schemas",
     "ResourcesVersion": "agl.schemas",
     "RetryConfig": "agl.schemas",
+    "RewardError": "agl.errors",
     "Rollout": "agl.schemas",
     "RolloutStatus": "agl.schemas",
     "Span": "agl.schemas",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
         emit_reward,
         operation,
     )
+    from agl.errors import RewardError
     from agl.runner import Runner
     from agl.schemas import (
         LLM,
@@ -123,6 +125,7 @@ __all__ = [
     "PromptTemplate",
     "ResourcesVersion",
     "RetryConfig",
+    "RewardError",
     "Rollout",
     "RolloutStatus",
     "Runner",

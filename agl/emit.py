@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
 from agl import semconv as sc
-from agl.errors import AgentError
+from agl.errors import AgentError, RewardError
 from agl.schemas import Span, SpanLink, SpanStatus, StatusCode
 from agl.tracer.context import RolloutContext, agent_context, current_agent, current_rollout
 
@@ -91,19 +91,19 @@ def emit_reward(
     """
     if isinstance(value, dict):
         if not value:
-            raise AgentError("emit_reward got an empty dict; pass at least one named reward")
+            raise RewardError("emit_reward got an empty dict; pass at least one named reward")
         key = primary_key or next(iter(value))
         if key not in value:
-            raise AgentError(f"primary_key {key!r} is not among the rewards {sorted(value)}")
+            raise RewardError(f"primary_key {key!r} is not among the rewards {sorted(value)}")
         values = {key: float(value[key]), **{k: float(v) for k, v in value.items() if k != key}}
         primary = values[key]
     else:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise AgentError(f"a reward must be a number or a dict of numbers, got {type(value).__name__}")
+            raise RewardError(f"a reward must be a number or a dict of numbers, got {type(value).__name__}")
         key, primary, values = primary_key or "reward", float(value), {primary_key or "reward": float(value)}
     not_finite = {k: v for k, v in values.items() if not math.isfinite(v)}
     if not_finite:  # the store keeps JSON, which has no NaN/Infinity: fail here, not at the store
-        raise AgentError(f"rewards must be finite numbers, got {not_finite}; check the reward computation")
+        raise RewardError(f"rewards must be finite numbers, got {not_finite}; check the reward computation")
     attrs: dict[str, Any] = {sc.REWARD_VALUE: primary, sc.REWARD_VALUES: values, sc.REWARD_PRIMARY_KEY: key}
     if response_id is not None:
         attrs[sc.REWARD_RESPONSE_ID] = response_id

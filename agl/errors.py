@@ -11,7 +11,8 @@
     │   └── StoreUnavailableError  the backend or server cannot be reached
     ├── GatewayError
     ├── AgentError
-    │   └── NoActiveRolloutError   an emitter called outside a rollout
+    │   ├── NoActiveRolloutError   an emitter called outside a rollout
+    │   └── RewardError            the reward could not be computed (a rollout failure of class ``reward``)
     └── ConfigError                bad arguments or a missing optional dependency
         └── InvalidRequestError    a bad field in a model request (``param`` names it)
 
@@ -73,6 +74,11 @@ class AgentError(AglError):
 
 class NoActiveRolloutError(AgentError):
     """An emitter was called outside of a rollout and no local-only span was requested."""
+
+
+class RewardError(AgentError):
+    """The reward function failed: raise it (``raise agl.RewardError(...) from exc``) around the reward
+    computation so the rollout's failure is classed ``reward``, not ``agent``, and never trains."""
 
 
 class ConfigError(AglError):

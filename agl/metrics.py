@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from agl.failures import FAILURE_CLASSES as _FAILURE_CLASSES
 from agl.trackers import Tracker, check_names, close_trackers, default_trackers, log_all, start_trackers
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ class MetricsLogger:
 
         A step that trained nothing (``samples`` 0) reads ``no update`` where its loss would be; groups
         whose rollouts all scored alike read ``zero_var=N/M groups``; failed rollouts ``failed=N/M``
-        (``val_failed`` for validation) with the ``first_error`` text when the row carries one.
+        (``val_failed`` for validation) with their classes (``failed_infra`` ...) and the ``first_error``
+        text when the row carries them.
         """
         no_update = row.get("samples") == 0
         parts: list[str] = []
@@ -102,7 +104,14 @@ class MetricsLogger:
         for prefix in ("", "val_"):
             failed, total = row.get(f"{prefix}failed_rollouts"), row.get(f"{prefix}rollouts")
             if failed:
-                parts.append(f"{prefix}failed={failed:.0f}" + (f"/{total:.0f}" if total else ""))
+                classes = [
+                    f"{c} {n:.0f}" for c in _FAILURE_CLASSES if (n := row.get(f"{prefix}failed_{c}") or 0)
+                ]
+                parts.append(
+                    f"{prefix}failed={failed:.0f}"
+                    + (f"/{total:.0f}" if total else "")
+                    + (f" ({', '.join(classes)})" if classes else "")
+                )
         if row.get("first_error"):
             parts.append(f"first error: {row['first_error']}")
         return "  ".join(parts)

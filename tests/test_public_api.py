@@ -31,6 +31,7 @@ EXPORTED = [
     "PromptTemplate",
     "ResourcesVersion",
     "RetryConfig",
+    "RewardError",
     "Rollout",
     "RolloutStatus",
     "Runner",

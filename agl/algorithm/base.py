@@ -175,12 +175,20 @@ class TrainingContext:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One rollout per task: the mean final reward (a failed rollout scores 0), the failures, and the
-    rollouts with their spans."""
+    """One rollout per task: the mean final reward over the rollouts that yielded one (NaN when none
+    did), the failures apart from it (counted per class), and the rollouts with their spans."""
 
     score: float
     failures: Failures
     results: list[tuple[Rollout, list[Span]]]
+
+    def summary(self) -> str:
+        """``0.420 over 9 of 10 rollouts; failed: infra 1`` (the score, then the failures apart)."""
+        scored = self.failures.total - self.failures.failed
+        text = f"{self.score:.3f} over {scored} of {self.failures.total} rollouts"
+        if self.failures.failed:
+            text += "; failed: " + ", ".join(f"{c} {n}" for c, n in self.failures.by_class.items())
+        return text
 
 
 async def evaluate(
@@ -192,17 +200,26 @@ async def evaluate(
     timeout_s: float | None = 600.0,
 ) -> Evaluation:
     """Score ``tasks`` under ``resources_id`` (one ``mode`` rollout each; NaN without tasks): the one
-    evaluation every algorithm uses."""
+    evaluation every algorithm uses. Failed rollouts are counted by class, not scored."""
     if not tasks:
         return Evaluation(float("nan"), Failures(0, 0), [])
     done = await ctx.rollouts(tasks, mode=mode, resources_id=resources_id, timeout_s=timeout_s)
     return Evaluation(
-        score_of(done), await rollout_failures(ctx.store, [r for r, _ in done], dict(_by_id(done))), done
+        rewarded_score(done),
+        await rollout_failures(ctx.store, [r for r, _ in done], dict(_by_id(done))),
+        done,
     )
 
 
+def rewarded_score(done: Sequence[tuple[Rollout, list[Span]]]) -> float:
+    """Mean final reward over the rollouts that succeeded (one without a reward span scores 0); NaN
+    when none did. Failed rollouts are left out: :class:`Failures` counts them."""
+    rewards = [final_reward(spans) or 0.0 for r, spans in done if succeeded(r)]
+    return sum(rewards) / len(rewards) if rewards else float("nan")
+
+
 def score_of(done: Sequence[tuple[Rollout, list[Span]]]) -> float:
-    """Mean final reward; a rollout that did not succeed scores 0."""
+    """Mean final reward; a rollout that did not succeed scores 0 (APO's search objective)."""
     rewards = [(final_reward(spans) or 0.0) if succeeded(r) else 0.0 for r, spans in done]
     return sum(rewards) / len(rewards) if rewards else float("nan")
 
@@ -214,7 +231,7 @@ def _by_id(done: Sequence[tuple[Rollout, list[Span]]]) -> Iterator[tuple[str, li
 async def validate(
     ctx: TrainingContext, val: Sequence[Any], resources_id: str, *, timeout_s: float = 600.0
 ) -> tuple[float, Failures]:
-    """Mean final reward of one ``mode="val"`` rollout per task (a failed one scores 0), and the failures."""
+    """Mean final reward of one ``mode="val"`` rollout per task over those that yielded one, and the failures."""
     result = await evaluate(ctx, val, resources_id, timeout_s=timeout_s)
     return result.score, result.failures
 

@@ -1,6 +1,7 @@
 """Why a run is not learning, said as it happens: rollouts that fail, and rewards that give no signal.
 
-Failed rollouts are counted per step with the first one's error (from its attempt, or its exception span).
+Failed rollouts are counted per step, per failure class (``infra``, ``agent``, ``reward``: :mod:`agl.failures`),
+with the first one's error (from its attempt, or its exception span).
 When every rollout of the first step or of the baseline evaluation fails, training stops with that error
 (:func:`check_not_all_failed`) rather than running steps that train nothing. :class:`LearningCheck` warns
 once per run when the rewards cannot teach anything: every group scored alike, or nothing scored at all.
@@ -11,12 +12,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agl import semconv as sc
 from agl.errors import AgentError
-from agl.schemas import Rollout, RolloutStatus, Span
+from agl.failures import FAILURE_CLASSES, FailureClass, stored_class
+from agl.schemas import Attempt, AttemptStatus, Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore
 
 log = logging.getLogger(__name__)
@@ -30,20 +32,39 @@ class RolloutsFailedError(AgentError):
 
 
 @dataclass(frozen=True)
+class Failure:
+    """One rollout that yielded no reward: its class (:mod:`agl.failures`), error and attempts made."""
+
+    rollout: Rollout
+    failure_class: FailureClass
+    error: str
+    attempts: int
+
+
+@dataclass(frozen=True)
 class Failures:
-    """How many of ``total`` rollouts did not succeed, and the first one's error (``Type: message``)."""
+    """How many of ``total`` rollouts did not succeed, the first one's error (``Type: message``), the
+    count per failure class, and each failed rollout's :class:`Failure`."""
 
     failed: int
     total: int
     first_error: str | None = None
+    by_class: Mapping[FailureClass, int] = field(default_factory=dict)
+    details: tuple[Failure, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def all_failed(self) -> bool:
         return self.total > 0 and self.failed == self.total
 
     def metrics(self, prefix: str = "") -> dict[str, float]:
-        """``failed_rollouts`` and ``rollouts`` (with ``prefix``, e.g. ``val_``) for a metrics row."""
-        return {f"{prefix}failed_rollouts": float(self.failed), f"{prefix}rollouts": float(self.total)}
+        """``failed_rollouts``, ``rollouts`` and ``failed_<class>`` per class (with ``prefix``, e.g.
+        ``val_``) for a metrics row."""
+        classes = {f"{prefix}failed_{c}": float(self.by_class.get(c, 0)) for c in FAILURE_CLASSES}
+        return {
+            f"{prefix}failed_rollouts": float(self.failed),
+            f"{prefix}rollouts": float(self.total),
+            **classes,
+        }
 
     def console(self) -> dict[str, str]:
         """The first error, cut to one short line, under the key the console line shows (``first_error``)."""
@@ -60,23 +81,47 @@ def shorten(text: str | None, limit: int = ERROR_CHARS) -> str:
 async def rollout_failures(
     store: LightningStore, rollouts: Sequence[Rollout], spans: Mapping[str, Sequence[Span]]
 ) -> Failures:
-    """Count the rollouts that did not succeed and find the first one's error.
-
-    The error is the failed attempt's (the runner stores ``Type: message``), else the rollout's last
-    exception span, else its status (e.g. still running when the wait for it ended).
-    """
-    failed = [r for r in rollouts if r.status != RolloutStatus.SUCCEEDED]
-    if not failed:
+    """Count the rollouts that did not succeed, class each (:func:`rollout_failure`), keep the first's error."""
+    details = [
+        await rollout_failure(store, r, spans.get(r.rollout_id, ()))
+        for r in rollouts
+        if r.status != RolloutStatus.SUCCEEDED
+    ]
+    if not details:
         return Failures(0, len(rollouts))
-    first = failed[0]
-    return Failures(
-        len(failed), len(rollouts), await _error_of(store, first, spans.get(first.rollout_id, ()))
+    by_class = {c: n for c in FAILURE_CLASSES if (n := sum(d.failure_class == c for d in details))}
+    return Failures(len(details), len(rollouts), details[0].error, by_class, tuple(details))
+
+
+async def rollout_failure(store: LightningStore, rollout: Rollout, spans: Sequence[Span]) -> Failure:
+    """Why ``rollout`` yielded no reward, from its latest attempt.
+
+    The class is the one the runner stored with the attempt; an attempt the store's watchdog ended
+    (timeout, unresponsive: the runner or its node was lost), a rollout cancelled or still unfinished
+    when the wait for it ended is ``infra``; a failed attempt without a stored class is ``agent``.
+    The error is the failed attempt's (the runner stores ``Type: message``), else the rollout's last
+    exception span, else its status.
+    """
+    attempts = sorted(
+        (await store.query_attempts(rollout_id=rollout.rollout_id)).items, key=lambda a: a.attempt_number
     )
+    latest = attempts[-1] if attempts else None
+    return Failure(rollout, _class_of(rollout, latest), _error_of(rollout, attempts, spans), len(attempts))
 
 
-async def _error_of(store: LightningStore, rollout: Rollout, spans: Sequence[Span]) -> str:
-    attempts = (await store.query_attempts(rollout_id=rollout.rollout_id)).items
-    errors = [a.error for a in sorted(attempts, key=lambda a: a.attempt_number) if a.error]
+def _class_of(rollout: Rollout, latest: Attempt | None) -> FailureClass:
+    stored = None if latest is None else stored_class(latest.metadata)
+    if stored is not None:
+        return stored
+    if not rollout.status.is_terminal or rollout.status == RolloutStatus.CANCELLED:
+        return "infra"
+    if latest is not None and latest.status in (AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE):
+        return "infra"
+    return "agent"
+
+
+def _error_of(rollout: Rollout, attempts: Sequence[Attempt], spans: Sequence[Span]) -> str:
+    errors = [a.error for a in attempts if a.error]
     if errors:
         return errors[-1]
     raised = [s for s in spans if s.name == sc.SPAN_EXCEPTION]
@@ -85,6 +130,8 @@ async def _error_of(store: LightningStore, rollout: Rollout, spans: Sequence[Spa
         return f"{attrs.get(sc.EXCEPTION_TYPE)}: {attrs.get(sc.EXCEPTION_MESSAGE)}"
     if not rollout.status.is_terminal:
         return f"rollout not finished in time (status {rollout.status.value}): are runners serving the store?"
+    if attempts and attempts[-1].status in (AttemptStatus.TIMEOUT, AttemptStatus.UNRESPONSIVE):
+        return f"attempt {attempts[-1].status.value}: its runner stopped reporting"
     return f"rollout {rollout.status.value} without a recorded error"
 
 
@@ -190,4 +237,12 @@ class LearningCheck:
         log.warning("GRPO %s: %s. %s", verdict, cause, advice)
 
 
-__all__ = ["Failures", "LearningCheck", "RolloutsFailedError", "check_not_all_failed", "rollout_failures"]
+__all__ = [
+    "Failure",
+    "Failures",
+    "LearningCheck",
+    "RolloutsFailedError",
+    "check_not_all_failed",
+    "rollout_failure",
+    "rollout_failures",
+]

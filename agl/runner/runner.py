@@ -22,6 +22,7 @@ from agl.agent.base import LitAgent, scoped_llm
 from agl.agent.clients import shared_pool_scope
 from agl.emit import emit_exception, emit_reward
 from agl.errors import AglError, StaleAttemptError, StoreUnavailableError
+from agl.failures import METADATA_KEY, FailureClass, classify_exception
 from agl.schemas import (
     LLM,
     AttemptedRollout,
@@ -63,6 +64,8 @@ class AttemptOutcome:
     reward: float | None = None
     error: str | None = None
     spans: int = 0
+    #: why a failed attempt yielded no reward (``agl.failures``); None when it succeeded
+    failure_class: FailureClass | None = None
 
 
 @dataclass
@@ -381,22 +384,26 @@ class Runner:
         tally, finished = SpanTally(), asyncio.Event()
         flusher = asyncio.create_task(self._flush_periodically(ctx, tally, finished))
         status, error, reward = AttemptStatus.SUCCEEDED, None, None
+        failure: FailureClass | None = None
         try:
             result = await asyncio.wait_for(agent_task, ctx.rollout.retry.timeout_s)
             with rollout_context(ctx):
                 reward = self._record_result(ctx, result)
         except asyncio.TimeoutError:
-            status, error = (
+            status, error, failure = (
                 AttemptStatus.TIMEOUT,
                 f"the agent ran past timeout_s={ctx.rollout.retry.timeout_s}",
+                "infra",
             )
         except asyncio.CancelledError:
             if not heartbeat.done() and ctx.superseded is None:
                 status, error = AttemptStatus.FAILED, "runner shut down before the agent finished"
             else:
                 status, error = AttemptStatus.FAILED, ctx.superseded or "cancelled"
+            failure = "infra"
         except Exception as exc:
             status, error = AttemptStatus.FAILED, f"{type(exc).__name__}: {exc}"
+            failure = classify_exception(exc)
             with rollout_context(ctx):
                 emit_exception(exc)
         finally:
@@ -408,7 +415,11 @@ class Runner:
 
             async def report() -> Any:
                 with suppressed():
-                    return await self.store.update_attempt(rid, aid, status=status, error=error)
+                    return await self.store.update_attempt(
+                        rid, aid, status=status, error=error, metadata=failed_as
+                    )
+
+            failed_as = None if failure is None else {METADATA_KEY: failure}
 
             try:
                 await self.outage.call(f"reporting attempt {aid}", report, deadline_s=self.report_timeout_s)
@@ -416,7 +427,9 @@ class Runner:
                 log.info("attempt %s was superseded before it reported: %s", aid, exc)
             except (AglError, GaveUp):
                 log.exception("could not report attempt %s of rollout %s as %s", aid, rid, status.value)
-        return AttemptOutcome(rid, aid, status, reward=reward, error=error, spans=spans)
+        return AttemptOutcome(
+            rid, aid, status, reward=reward, error=error, spans=spans, failure_class=failure
+        )
 
     async def _traced(self, ctx: RolloutContext, resources: dict[str, Resource]) -> Any:
         await _call_hook(self.hooks.on_trace_start, ctx)

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -128,6 +129,7 @@ async def run_dev(
             tree.add(_describe(span))
         outcome = outcomes[rollout.rollout_id]
         if outcome.error:
-            tree.add(f"[red]error[/] {outcome.error}")
+            failed_as = f" ({outcome.failure_class})" if outcome.failure_class else ""
+            tree.add(f"[red]error{failed_as}[/] {escape(outcome.error)}")
         console.print(tree)
     return [outcomes[r.rollout_id] for r in rollouts]

@@ -53,7 +53,7 @@ async def test_rollouts_enqueue_groups_wait_flush_and_return_spans_in_task_order
     await store.aclose()
 
 
-async def test_evaluate_is_the_mean_final_reward_with_failures_scoring_zero() -> None:
+async def test_evaluate_is_the_mean_final_reward_with_failures_counted_apart() -> None:
     store = InMemoryLightningStore()
     runner = Runner(scored, store, max_concurrency=4, poll_interval_s=0.01, handle_signals=False)
     running = asyncio.create_task(runner.run())
@@ -65,8 +65,9 @@ async def test_evaluate_is_the_mean_final_reward_with_failures_scoring_zero() ->
         runner.stop()
         await running
         runner.close()
-    assert result.score == pytest.approx(0.5)
+    assert result.score == pytest.approx(0.75)  # over the two that yielded a reward, not (1 + 0.5 + 0) / 3
     assert (result.failures.failed, result.failures.total) == (1, 3)
+    assert result.failures.by_class == {"agent": 1}
     assert "the agent failed" in (result.failures.first_error or "")
     assert empty.score != empty.score and empty.results == []  # NaN: nothing to score
     await store.aclose()

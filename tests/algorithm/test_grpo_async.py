@@ -58,6 +58,9 @@ def test_drop_stale_judges_a_rollout_by_its_oldest_call() -> None:
     on_policy, strict = drop_stale(rollouts, spans, versions, fallback=2, max_staleness=0)
     assert [r.rollout_id for r in on_policy] == ["fresh", "unknown", "failed"]
     assert strict["stale_rollouts_dropped"] == 2.0
+    # a failed rollout that trains at reward 0 (on_failure "zero") is held to the bound like the others
+    zeroed, _ = drop_stale(rollouts, spans, versions, fallback=1, max_staleness=1, zeroed={"failed"})
+    assert [r.rollout_id for r in zeroed] == ["fresh", "one-behind", "unknown"]
 
 
 def test_config_rejects_a_negative_staleness_bound() -> None:

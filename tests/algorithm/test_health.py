@@ -61,7 +61,13 @@ async def test_failures_carry_the_first_error_from_the_store(monkeypatch: pytest
     assert (failures.failed, failures.total, failures.all_failed) == (2, 2, True)
     assert failures.first_error is not None
     assert failures.first_error.startswith("OpenAIError: Missing credentials")
-    assert failures.metrics("val_") == {"val_failed_rollouts": 2.0, "val_rollouts": 2.0}
+    assert failures.metrics("val_") == {
+        "val_failed_rollouts": 2.0,
+        "val_rollouts": 2.0,
+        "val_failed_infra": 0.0,
+        "val_failed_agent": 2.0,  # a client built without credentials: the agent's code
+        "val_failed_reward": 0.0,
+    }
 
 
 async def test_only_failed_rollouts_count_and_unfinished_ones_are_named() -> None:
@@ -280,10 +286,17 @@ def test_fit_keeps_going_with_the_option_and_says_what_fails(
         result = trainer.fit(readme_agent, ["a", "b"], ["v"])
     assert [row["samples"] for row in result["history"]] == [0.0, 0.0]
     err = capsys.readouterr().err
-    assert "step 0: val_reward=0.000  val_failed=1/1  first error: OpenAIError: Missing credentials" in err
+    # no rollout yielded a reward, so there is no score (not 0): the failures are counted apart
+    assert (
+        "step 0: val_reward=nan  val_failed=1/1 (agent 1)  first error: OpenAIError: Missing credentials"
+        in err
+    )
     for step in (1, 2):
         line = next(x for x in err.splitlines() if f"step {step}: " in x)
-        assert "no update" in line and "failed=4/4  first error: OpenAIError: Missing credentials" in line
+        assert (
+            "no update" in line
+            and "failed=4/4 (agent 4)  first error: OpenAIError: Missing credentials" in line
+        )
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("GRPO ")]
     assert len(warnings) == 1  # the failures are the cause, not the reward
     assert warnings[0].startswith("GRPO is not learning: all 1 rollouts of the baseline evaluation failed")
@@ -313,7 +326,9 @@ def test_sft_stops_when_every_rollout_fails_or_keeps_going_with_the_option(
     )
     assert result["history"][0]["failed_rollouts"] == 4.0
     line = next(x for x in capsys.readouterr().err.splitlines() if "SFT step 0: " in x)
-    assert "no update" in line and "failed=4/4  first error: OpenAIError: Missing credentials" in line
+    assert (
+        "no update" in line and "failed=4/4 (agent 4)  first error: OpenAIError: Missing credentials" in line
+    )
 
 
 @agl.rollout

@@ -32,6 +32,7 @@ async def test_dev_prints_rollouts_rewards_and_spans() -> None:
     text = out.getvalue()
     assert [o.reward for o in outcomes[:2]] == [0.5, 1.0] and outcomes[2].status.value == "failed"
     assert "task 1" in text and "reward 0.5" in text and "three is unlucky" in text and "succeeded" in text
+    assert "error (agent) ValueError: three is unlucky" in text and outcomes[2].failure_class == "agent"
 
 
 def test_trainer_dev_is_synchronous() -> None:

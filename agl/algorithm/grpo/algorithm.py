@@ -1,8 +1,9 @@
 """GRPO as an agl Algorithm: groups of rollouts through the store, samples from spans, a policy step, weight sync.
 
 Each step: enqueue ``group_size`` rollouts per task (one ``group_id`` per task), wait for them, turn
-their spans into samples (trajectory-level by default), drop what must not be trained on (failed
-rollouts, zero-variance groups, over-long samples; each counted), compute group-relative advantages
+their spans into samples (trajectory-level by default), settle failed rollouts by their class
+(``GRPOConfig.on_failure``: resampled, dropped or trained as 0; grpo/failures.py), drop what must not be
+trained on (zero-variance groups, over-long samples; each counted), compute group-relative advantages
 per rollout, take one optimizer step, push the new weights to the engine and publish them as a new
 resources version, so the next rollouts record the version they ran with.
 """
@@ -17,13 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agl.algorithm.base import Algorithm, TrainingContext, evaluate
+from agl.algorithm.base import Algorithm, Evaluation, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_trained
 from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog, drop_stale
 from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
+from agl.algorithm.grpo.failures import TaskIndex, failure_rows, settle_failures, write_dropped
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
-from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed, rollout_failures
+from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
 from agl.algorithm.spec import ModelSpec
 from agl.compute.memory import step_peaks
 from agl.compute.thread import run_compute
@@ -47,6 +49,7 @@ class GRPO(Algorithm):
         self.warm_start_history: list[dict[str, float]] = []
         self.learning = LearningCheck()  # warns once per run when nothing can be learned
         self.baseline_failures = Failures(0, 0)
+        self.val_failures_after = Failures(0, 0)  # the latest validation's
 
     def model_spec(self) -> ModelSpec:
         """The base model fit serves, with the LoRA rank, precision and device the policy trains with."""
@@ -110,21 +113,31 @@ class GRPO(Algorithm):
         return resources_id
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
-        """Mean final reward over one validation rollout per task; failed rollouts count as 0."""
-        return (await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)).score
+        """Mean final reward over the validation rollouts that yielded one (failures are counted apart)."""
+        return (await self._validation(ctx, val, resources_id, 0)).score
+
+    async def _validation(
+        self, ctx: TrainingContext, val: Sequence[Any], resources_id: str, step: int
+    ) -> Evaluation:
+        """One validation rollout per task; its failures go to ``dropped.jsonl`` (``mode`` ``val``)."""
+        result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        write_dropped(Path(ctx.output_dir), failure_rows(result.failures, step, TaskIndex(val)))
+        if result.failures.failed:
+            log.info("validation at step %d: %s", step, result.summary())
+        return result
 
     async def _baseline(
         self, ctx: TrainingContext, val: Sequence[Any], resources_id: str
     ) -> tuple[float, Failures]:
         """The first validation; stops the run when every rollout of it failed (``stop_on_all_failed``)."""
-        result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        result = await self._validation(ctx, val, resources_id, 0)
         check_not_all_failed(
             result.failures,
             "the baseline evaluation",
             stop=self.config.stop_on_all_failed,
             option="GRPOConfig(stop_on_all_failed=False)",
         )
-        self.baseline_failures = result.failures
+        self.baseline_failures = self.val_failures_after = result.failures
         return result.score, result.failures
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> dict[str, Any]:
@@ -144,6 +157,7 @@ class GRPO(Algorithm):
         resources_id = await self._publish(ctx, None if checkpoint is None else self.policy)
         phases: dict[str, float] = {}
         self.learning, self.baseline_failures = LearningCheck(), Failures(0, 0)
+        self.val_failures_after = Failures(0, 0)
         if cfg.warm_start is not None and checkpoint is None:
             resources_id = await self._warm_start(ctx, val, resources_id, phases)
         val_before = (
@@ -182,6 +196,9 @@ class GRPO(Algorithm):
         return {
             "val_reward_before": val_before,
             "val_reward_after": val_after,
+            # failed validation rollouts per class, apart from the rewards above (which leave them out)
+            "val_failures_before": dict(self.baseline_failures.by_class),
+            "val_failures_after": dict(self.val_failures_after.by_class),
             "steps": cfg.steps,
             "history": self.history,
             "phases": {**phases, "after_grpo": val_after},
@@ -229,19 +246,24 @@ class GRPO(Algorithm):
                 DistributedPolicy.start, self.policy, cfg.world_size, checkpoint, cfg.sharding
             )
         out = Path(ctx.output_dir)
+        train_index = TaskIndex(train)
         failed = False
         try:
             for step in range(first_step, cfg.steps + 1):
                 started = time.perf_counter()
                 fetched = await pipeline.take(step, resources_id, versions.current)
-                kept, stale = drop_stale(
+                settled = await settle_failures(
+                    ctx,
                     fetched.rollouts,
                     fetched.spans,
-                    versions,
-                    fallback=fetched.enqueued_version,
-                    max_staleness=pipeline.depth,
+                    on_failure=cfg.on_failure,
+                    max_resamples=cfg.max_resamples,
+                    timeout_s=cfg.rollout_timeout_s,
+                    step=step,
+                    task_index=train_index,
                 )
-                failures = await rollout_failures(ctx.store, fetched.rollouts, fetched.spans)
+                write_dropped(out, settled.dropped)
+                failures = settled.failures
                 if step == first_step:  # a run whose first rollouts all fail would train nothing, silently
                     check_not_all_failed(
                         failures,
@@ -249,9 +271,17 @@ class GRPO(Algorithm):
                         stop=cfg.stop_on_all_failed,
                         option="GRPOConfig(stop_on_all_failed=False)",
                     )
-                batch = build_batch(kept, fetched.spans, cfg)
+                kept, stale = drop_stale(
+                    settled.rollouts,
+                    settled.spans,
+                    versions,
+                    fallback=fetched.enqueued_version,
+                    max_staleness=pipeline.depth,
+                    zeroed=settled.zeroed,
+                )
+                batch = build_batch(kept, settled.spans, cfg, settled.zeroed)
                 rollout_s = time.perf_counter() - started
-                row = {**batch.metrics, **stale, "trainer_idle_s": fetched.wait_s}
+                row = {**batch.metrics, **settled.metrics, **stale, "trainer_idle_s": fetched.wait_s}
                 if batch.samples:
                     row.update(
                         await run_compute(
@@ -261,8 +291,10 @@ class GRPO(Algorithm):
                     resources_id = await self._publish(ctx, self.policy)
                     versions.advance(self.version)
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                    val_after = await self.evaluate(ctx, val, resources_id)
-                    row["val_reward"] = val_after
+                    result = await self._validation(ctx, val, resources_id, step)
+                    val_after = result.score
+                    row.update(val_reward=val_after, **result.failures.metrics("val_"))
+                    self.val_failures_after = result.failures
                     await run_compute(
                         best.offer, self.policy, val_after, step=step, model_version=self.version
                     )

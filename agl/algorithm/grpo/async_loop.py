@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,20 +128,23 @@ def drop_stale(
     *,
     fallback: int,
     max_staleness: int,
+    zeroed: Collection[str] = (),
 ) -> tuple[list[Rollout], dict[str, float]]:
     """Rollouts whose every model call ran at most ``max_staleness`` versions ago, and staleness metrics.
 
     A rollout's version is its oldest call's (the engine only moves forward, so a rollout that spans an
     update trains with the tokens of both); a call whose version the log does not know (no version
     recorded, or from before this run) counts as ``fallback``, the version when it was enqueued, which
-    is never newer than the version that served it.
+    is never newer than the version that served it. A failed rollout in ``zeroed`` trains (at reward 0),
+    so it is checked too.
     """
     kept: list[Rollout] = []
     staleness: list[int] = []
     dropped = 0
     for rollout in rollouts:
         calls = llm_calls(spans.get(rollout.rollout_id, []))
-        if rollout.status != RolloutStatus.SUCCEEDED or not calls:
+        trains = rollout.status == RolloutStatus.SUCCEEDED or rollout.rollout_id in zeroed
+        if not trains or not calls:
             kept.append(rollout)  # nothing to train on: build_batch counts and drops it
             continue
         oldest = min(versions.index.get(c.model_version or "", fallback) for c in calls)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -122,10 +122,21 @@ def _sample_advantage(sample: Sample) -> float:
     return sum(picked) / len(picked) if picked else 0.0
 
 
-def build_batch(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], config: GRPOConfig) -> StepBatch:
-    """Pure: rollouts and their spans to samples with advantages, and the filter counts."""
-    ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED]
-    rewards = {r.rollout_id: final_reward(spans[r.rollout_id]) or 0.0 for r in ok}
+def build_batch(
+    rollouts: Sequence[Rollout],
+    spans: dict[str, list[Span]],
+    config: GRPOConfig,
+    zeroed: Collection[str] = (),
+) -> StepBatch:
+    """Pure: rollouts and their spans to samples with advantages, and the filter counts.
+
+    Failed rollouts are left out, except those in ``zeroed`` (``on_failure="zero"``): their model
+    calls train with reward 0.
+    """
+    ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED or r.rollout_id in zeroed]
+    rewards = {
+        r.rollout_id: 0.0 if r.rollout_id in zeroed else final_reward(spans[r.rollout_id]) or 0.0 for r in ok
+    }
     report = MergeReport()
     units: list[_Unit] = []
     per_call: dict[int, dict[str, float]] = {}

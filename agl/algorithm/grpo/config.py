@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from agl.algorithm.grpo.advantages import BASELINES, Baseline, StdScale, std_scale
 from agl.algorithm.grpo.warm_start import WarmStart
@@ -11,6 +12,17 @@ from agl.algorithm.policy.loss import LossConfig
 from agl.compute.memory import check_settings
 from agl.compute.precision import Precision, check_precision
 from agl.errors import ConfigError
+from agl.failures import FAILURE_CLASSES, FailureClass
+
+#: what a step does with a rollout that yielded no reward (README "Failure classes")
+OnFailure = Literal["resample", "drop_group", "train_survivors", "zero"]
+ON_FAILURE_CHOICES: tuple[OnFailure, ...] = get_args(OnFailure)
+#: a broken reward never trains; an agent's exception may be the model's doing, so it trains as 0
+DEFAULT_ON_FAILURE: Mapping[FailureClass, OnFailure] = {
+    "infra": "resample",
+    "agent": "zero",
+    "reward": "drop_group",
+}
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,12 @@ class GRPOConfig:
     device: str = "cpu"  # where the policy trains ("cuda" for a GPU); the engine's is Serving(engine=BuiltinEngine(...))
     # every rollout of the baseline evaluation or the first step failed: stop with the first error
     stop_on_all_failed: bool = True
+    # per failure class (agl/failures.py), what a step does with a rollout that yielded no reward:
+    # "resample" (again in its group under the same resources version, up to max_resamples times,
+    # then the group is dropped), "drop_group", "train_survivors" (the rest of the group, when at
+    # least 2 remain) or "zero" (trains with reward 0); merged over DEFAULT_ON_FAILURE
+    on_failure: Mapping[FailureClass, OnFailure] = field(default_factory=dict)
+    max_resamples: int = 2
 
     def __post_init__(self) -> None:
         check_settings(self.micro_batch_tokens, self.memory_budget_gb)
@@ -102,8 +120,38 @@ class GRPOConfig:
             )
         if self.credit not in ("final", "per_call"):
             raise ConfigError(f"credit must be 'final' or 'per_call', got {self.credit!r}")
+        object.__setattr__(self, "on_failure", check_on_failure(self.on_failure))
+        if self.max_resamples < 0:
+            raise ConfigError(f"GRPOConfig.max_resamples must be >= 0, got {self.max_resamples}")
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
 
 
-__all__ = ["GRPOConfig"]
+def check_on_failure(on_failure: Mapping[Any, Any]) -> dict[FailureClass, OnFailure]:
+    """``on_failure`` merged over :data:`DEFAULT_ON_FAILURE`; a ConfigError names a bad key or value."""
+    if not isinstance(on_failure, Mapping):
+        raise ConfigError(
+            f"GRPOConfig.on_failure must be a mapping of failure class to action, e.g. "
+            f'{{"infra": "drop_group"}}, got {type(on_failure).__name__}'
+        )
+    merged: dict[FailureClass, OnFailure] = dict(DEFAULT_ON_FAILURE)
+    for key, value in on_failure.items():
+        if key not in FAILURE_CLASSES:
+            raise ConfigError(
+                f"GRPOConfig.on_failure has an unknown failure class {key!r}; use {', '.join(FAILURE_CLASSES)}"
+            )
+        if value not in ON_FAILURE_CHOICES:
+            raise ConfigError(
+                f"GRPOConfig.on_failure[{key!r}] = {value!r} is not an action; use "
+                f"{', '.join(ON_FAILURE_CHOICES)}"
+            )
+        if key == "reward" and value == "zero":
+            raise ConfigError(
+                'GRPOConfig.on_failure["reward"] cannot be "zero": a reward that failed must not train; '
+                'use "drop_group", "train_survivors" or "resample"'
+            )
+        merged[key] = value  # type: ignore[index, assignment]  # both checked just above
+    return merged
+
+
+__all__ = ["DEFAULT_ON_FAILURE", "GRPOConfig", "OnFailure", "check_on_failure"]

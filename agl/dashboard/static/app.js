@@ -269,7 +269,8 @@ function rolloutView(rolloutId, params) {
         }, h("td", {}, a.attempt_number), h("td", { class: "mono" }, a.attempt_id), h("td", {}, badge(a.status)),
           h("td", { class: "mono" }, a.worker_id || "–"), h("td", { class: "nowrap" }, fmtTime(a.started_at)), h("td", { class: "nowrap" }, fmtTime(a.ended_at)),
           h("td", {}, a.ended_at && a.started_at ? fmtDur(a.ended_at - a.started_at) : "–"),
-          h("td", { class: "mono" }, a.error ? preview(a.error, 120) : "")))));
+          // the failure class the runner stored (infra, agent, reward) leads the error
+          h("td", { class: "mono" }, a.error ? preview((a.metadata && a.metadata.failure_class ? a.metadata.failure_class + ": " : "") + a.error, 120) : "")))));
       const byId = Object.fromEntries(data.spans.map((sp) => [sp.span_id, sp]));
       const detail = h("div", { id: "span-detail", class: "panel", hidden: true });
       const select = (id) => { selected = id; flash(id); showSpan(detail, rolloutId, byId[id]); };
