@@ -9,6 +9,7 @@ resources version, so the next rollouts record the version they ran with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -27,6 +28,7 @@ from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed, 
 from agl.algorithm.memory import step_peaks
 from agl.compute_thread import run_compute
 from agl.errors import ConfigError
+from agl.seeding import derive_seed, seed_everything
 
 if TYPE_CHECKING:
     from agl.metrics import MetricsLogger
@@ -103,15 +105,27 @@ class GRPO(Algorithm):
         )
         return resources_id
 
+    @property
+    def _val_seed(self) -> int | None:
+        """Validation rollouts' sampling seed: the same at every evaluation of a deterministic run, so
+        scores before and after training differ by the weights, not by the draws."""
+        return derive_seed(self.config.seed, "val") if self.config.deterministic else None
+
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward over one validation rollout per task; failed rollouts count as 0."""
-        return (await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)).score
+        return (
+            await evaluate(
+                ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s, sampling_seed=self._val_seed
+            )
+        ).score
 
     async def _baseline(
         self, ctx: TrainingContext, val: Sequence[Any], resources_id: str
     ) -> tuple[float, Failures]:
         """The first validation; stops the run when every rollout of it failed (``stop_on_all_failed``)."""
-        result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        result = await evaluate(
+            ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s, sampling_seed=self._val_seed
+        )
         check_not_all_failed(
             result.failures,
             "the baseline evaluation",
@@ -128,6 +142,8 @@ class GRPO(Algorithm):
         if ctx.engines is None:
             raise ConfigError("GRPO needs an engine to push weights to: run it through Trainer.fit")
         out = Path(ctx.output_dir)
+        if cfg.deterministic:
+            seed_everything(cfg.seed)
         first_step = 1
         checkpoint = latest_checkpoint(out) if cfg.resume else None
         if checkpoint is not None:
@@ -214,6 +230,7 @@ class GRPO(Algorithm):
             depth=cfg.max_staleness if cfg.async_rollouts else 0,
             last_step=cfg.steps,
             timeout_s=cfg.rollout_timeout_s,
+            seed=cfg.seed if cfg.deterministic else None,
         )
         versions = VersionLog(self.version)
         if cfg.world_size > 1:
@@ -244,6 +261,8 @@ class GRPO(Algorithm):
                         option="GRPOConfig(stop_on_all_failed=False)",
                     )
                 batch = build_batch(kept, fetched.spans, cfg)
+                if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
+                    batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
                 rollout_s = time.perf_counter() - started
                 row = {**batch.metrics, **stale, "trainer_idle_s": fetched.wait_s}
                 if batch.samples:
