@@ -30,7 +30,7 @@ def test_trainer_takes_at_most_seven_arguments() -> None:
     trainer = agl.Trainer("my-algorithm", serving=agl.Serving(port=8123))  # algorithm may be positional
     assert trainer.algorithm == "my-algorithm" and trainer.serving.port == 8123
     assert agl.Trainer().serving == agl.Serving()  # loopback, a free port, the built-in engine, T=1
-    assert agl.Serving().sampling == {"temperature": 1.0} and agl.Serving().engine is None
+    assert agl.Serving().sampling == {"temperature": 0.7} and agl.Serving().engine is None
 
 
 VLLM = VllmEngine(replicas=2)
