@@ -2,7 +2,9 @@
 
 A rollout's seed is kept in its metadata (:data:`ROLLOUT_SEED`); the gateway turns it into one OpenAI
 ``seed`` per model call of an attempt, so the engine samples each call from its own generator and the same
-call draws the same tokens whatever else is decoded beside it and whenever it arrives.
+call draws the same tokens whatever else is decoded beside it and whenever it arrives. A call's index is
+its place in its attempt's arrival order: sequential agents number their calls the same way every run,
+calls an agent makes concurrently within one rollout may swap seeds between runs.
 """
 
 from __future__ import annotations
