@@ -6,8 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +22,19 @@ from agl.models import smollm2, tiny_model
 
 
 def recipe_args(
-    doc: str, name: str, *, steps: int = 10, sft_steps: int = 12, test: int = 64
+    doc: str,
+    name: str,
+    *,
+    steps: int = 10,
+    sft_steps: int = 12,
+    test: int = 64,
+    argv: Sequence[str] | None = None,
 ) -> argparse.Namespace:
-    """The recipes' common options; ``--model tiny`` shrinks every default to a smoke run."""
+    """The recipes' common options; ``--model tiny`` shrinks every default to a smoke run. With ``--seeds``
+    it runs ``examples.<name>.train`` once per seed (:func:`run_seeds`) and exits."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--seed", type=int, default=0)
+    add_seed_options(parser)
     parser.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default: {steps}; tiny: 1)")
     parser.add_argument(
         "--sft-steps", type=int, default=None, help=f"SFT warm-start steps (default: {sft_steps}; tiny: 1)"
@@ -42,9 +53,12 @@ def recipe_args(
     parser.add_argument(
         "--out", type=Path, default=None, help=f"output folder (default: results/{name}[-tiny])"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     tiny = args.model == "tiny"
     args.out = args.out or Path(f"results/{name}-tiny" if tiny else f"results/{name}")
+    if args.seeds:  # one process per seed, each parsing its own options: nothing else to do here
+        run_seeds(f"examples.{name}.train", args, recipe_phases)
+        raise SystemExit(0)
     args.steps = args.steps if args.steps is not None else (1 if tiny else steps)
     args.sft_steps = args.sft_steps if args.sft_steps is not None else (1 if tiny else sft_steps)
     args.test = args.test if args.test is not None else (4 if tiny else test)
@@ -73,6 +87,141 @@ class Recipe:
     report: Callable[[Path, int], dict[str, Any]] | None = None  # extra summary fields from the run's store
 
 
+def add_seed_options(parser: argparse.ArgumentParser) -> None:
+    """``--seed`` (training), ``--split-seed`` (the data and held-out split), ``--seeds``/``--result`` (one
+    run per seed and their spread), ``--precision``."""
+    parser.add_argument(
+        "--seed", type=int, default=0, help="training seed: sampling, task order, model init (tiny)"
+    )
+    parser.add_argument(
+        "--split-seed",
+        type=int,
+        default=0,
+        help="seed of the tasks and the held-out split, fixed while --seed varies (default: 0)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=_seed_list,
+        default=None,
+        help="run each of these training seeds in turn (e.g. 0,1,2) into OUT/seed-N/ and summarise them",
+    )
+    parser.add_argument(
+        "--result",
+        type=Path,
+        default=None,
+        help="with --seeds: where the summary JSON goes (default: OUT/seeds.json)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="policy and engine matmul precision (auto: bf16 on a CPU with native bf16, else fp32)",
+    )
+
+
+def _seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--seeds takes comma-separated integers such as 0,1,2, got {text!r}"
+        ) from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds needs distinct integers such as 0,1,2, got {text!r}")
+    return seeds
+
+
+def _without(argv: Sequence[str], options: Sequence[str]) -> list[str]:
+    """``argv`` less ``options`` and their values (``--opt value`` or ``--opt=value``)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif not any(arg.startswith(f"{o}=") for o in options):
+            out.append(arg)
+    return out
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+#: the held-out phases a seeds summary reports, in order
+PHASES = ("before", "after_warm_start", "after_grpo")
+
+
+def run_seeds(
+    module: str, args: argparse.Namespace, phases: Callable[[dict[str, Any]], dict[str, float | None]]
+) -> dict[str, Any]:
+    """Run ``python -m module`` once per ``args.seeds`` into ``OUT/seed-N/`` (one process each, so CPU
+    time and peak RSS are its own); write the per-seed held-out scores (``phases`` reads them from a
+    run's ``summary.json``), CPU seconds, peak RSS, and their mean and min-max to ``args.result``."""
+    passed = _without(sys.argv[1:], ["--seeds", "--result", "--seed", "--out"])
+    runs = []
+    for seed in args.seeds:
+        out = args.out / f"seed-{seed}"
+        command = [sys.executable, "-m", module, *passed, "--seed", str(seed), "--out", str(out)]
+        print(f"seed {seed}: {' '.join(command[1:])}", flush=True)
+        started = time.perf_counter()
+        proc = subprocess.Popen(command)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise SystemExit(f"seed {seed} failed (exit {proc.returncode}): {' '.join(command)}")
+        summary = json.loads((out / "summary.json").read_text())
+        runs.append(
+            {
+                "seed": seed,
+                "out": str(out),
+                **phases(summary),
+                "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+                "peak_rss_gb": round(usage.ru_maxrss / 1024**2, 3),  # Linux reports KiB
+                "wall_s": round(time.perf_counter() - started, 1),
+            }
+        )
+    result = {
+        "command": [Path(sys.executable).name, "-m", module, *sys.argv[1:]],
+        "commit": _commit(),
+        "seeds": list(args.seeds),
+        "split_seed": args.split_seed,
+        "runs": runs,
+        **spread(runs, [*PHASES, "cpu_s", "peak_rss_gb", "wall_s"]),
+    }
+    path = args.result or args.out / "seeds.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: result[k] for k in ("seeds", "mean", "min", "max")}, indent=2))
+    print(f"wrote {path}")
+    return result
+
+
+def spread(runs: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, dict[str, float | None]]:
+    """``{"mean": ..., "min": ..., "max": ...}`` of each key over the runs that have a number for it."""
+    out: dict[str, dict[str, float | None]] = {"mean": {}, "min": {}, "max": {}}
+    for key in keys:
+        values = [float(r[key]) for r in runs if isinstance(r.get(key), (int, float))]
+        out["mean"][key] = statistics.fmean(values) if values else None
+        out["min"][key] = min(values, default=None)
+        out["max"][key] = max(values, default=None)
+    return out
+
+
+def recipe_phases(summary: dict[str, Any]) -> dict[str, float | None]:
+    """A recipe's held-out scores from its ``summary.json``."""
+    return {
+        "before": summary["test_base"],
+        "after_warm_start": summary["test_after_warm_start"],
+        "after_grpo": summary["test_after_grpo"],
+    }
+
+
 def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
     """Base model, SFT warm start on train traces, GRPO; held-out score at each phase; curve and summary."""
     tiny = args.model == "tiny"
@@ -85,6 +234,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         eval_every=args.steps,  # held-out score after the warm start and at the end
         loss=LossConfig(aggregation="token_mean"),
         activation_checkpointing=True,
+        precision=args.precision,
         seed=args.seed,
         warm_start=WarmStart(
             conversations=recipe.warm_start,
@@ -137,6 +287,8 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         "temperature": args.temperature,
         "wall_time_s": round(wall, 1),
         "seed": args.seed,
+        "split_seed": args.split_seed,
+        "precision": args.precision,
     }
     if recipe.report is not None:
         summary.update(recipe.report(args.out / "store.db", len(recipe.test)))

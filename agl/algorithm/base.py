@@ -17,6 +17,7 @@ from agl.algorithm.health import Failures, rollout_failures
 from agl.algorithm.spec import ModelSpec
 from agl.errors import ConfigError
 from agl.schemas import LLM, ModelWeights, Resource, Rollout, RolloutCreate, RolloutStatus, Span, new_id
+from agl.seeding import ROLLOUT_SEED, derive_seed
 from agl.store.base import LightningStore
 
 if TYPE_CHECKING:
@@ -133,11 +134,13 @@ class TrainingContext:
         group_size: int = 1,
         resources_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        sampling_seed: int | None = None,
     ) -> PendingRollouts:
         """Enqueue ``group_size`` rollouts per task (one ``group_id`` per task) and return at once;
-        :meth:`rollouts` is this plus :meth:`PendingRollouts.collect`."""
+        :meth:`rollouts` is this plus :meth:`PendingRollouts.collect`. ``sampling_seed``: each rollout's
+        model calls sample from seeds derived from it and the rollout's (task, sample) index."""
         requests = []
-        for task in tasks:
+        for t, task in enumerate(tasks):
             group = new_id("gr")
             requests += [
                 RolloutCreate(
@@ -145,9 +148,9 @@ class TrainingContext:
                     mode=mode,
                     resources_id=resources_id,
                     group_id=group,
-                    metadata=dict(metadata or {}),
+                    metadata=_with_seed(metadata, sampling_seed, t, n),
                 )
-                for _ in range(group_size)
+                for n in range(group_size)
             ]
         ids = [r.rollout_id for r in await self.store.enqueue_rollouts(requests)]
         return PendingRollouts(self, ids)
@@ -161,6 +164,7 @@ class TrainingContext:
         resources_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         timeout_s: float | None = 600.0,
+        sampling_seed: int | None = None,
     ) -> list[tuple[Rollout, list[Span]]]:
         """Run ``group_size`` rollouts per task (one ``group_id`` per task), wait for all, return them with spans.
 
@@ -168,7 +172,12 @@ class TrainingContext:
         back in their current (non-succeeded) state, so callers drop them rather than train on them.
         """
         pending = await self.start_rollouts(
-            tasks, mode=mode, group_size=group_size, resources_id=resources_id, metadata=metadata
+            tasks,
+            mode=mode,
+            group_size=group_size,
+            resources_id=resources_id,
+            metadata=metadata,
+            sampling_seed=sampling_seed,
         )
         return await pending.collect(timeout_s)
 
@@ -198,12 +207,16 @@ async def evaluate(
     *,
     mode: str = "val",
     timeout_s: float | None = 600.0,
+    sampling_seed: int | None = None,
 ) -> Evaluation:
     """Score ``tasks`` under ``resources_id`` (one ``mode`` rollout each; NaN without tasks): the one
-    evaluation every algorithm uses. Failed rollouts are counted by class, not scored."""
+    evaluation every algorithm uses. Failed rollouts are counted by class, not scored. ``sampling_seed``
+    seeds the rollouts' sampling (see ``start_rollouts``)."""
     if not tasks:
         return Evaluation(float("nan"), Failures(0, 0), [])
-    done = await ctx.rollouts(tasks, mode=mode, resources_id=resources_id, timeout_s=timeout_s)
+    done = await ctx.rollouts(
+        tasks, mode=mode, resources_id=resources_id, timeout_s=timeout_s, sampling_seed=sampling_seed
+    )
     return Evaluation(
         rewarded_score(done),
         await rollout_failures(ctx.store, [r for r, _ in done], dict(_by_id(done))),
@@ -216,6 +229,14 @@ def rewarded_score(done: Sequence[tuple[Rollout, list[Span]]]) -> float:
     when none did. Failed rollouts are left out: :class:`Failures` counts them."""
     rewards = [final_reward(spans) or 0.0 for r, spans in done if succeeded(r)]
     return sum(rewards) / len(rewards) if rewards else float("nan")
+
+
+def _with_seed(metadata: dict[str, Any] | None, seed: int | None, task: int, sample: int) -> dict[str, Any]:
+    """A rollout's metadata: ``metadata`` plus, when seeded, the seed of its (task, sample) position."""
+    out = dict(metadata or {})
+    if seed is not None:
+        out[ROLLOUT_SEED] = derive_seed(seed, task, sample)
+    return out
 
 
 def score_of(done: Sequence[tuple[Rollout, list[Span]]]) -> float:

@@ -43,6 +43,7 @@ from agl.gateway.upstreams import UpstreamPool
 from agl.gateway.validation import API_PATHS, HTTPError, parse_request, traceparent
 from agl.schemas.rollout import RolloutCreate
 from agl.schemas.span import Span
+from agl.seeding import ROLLOUT_SEED, derive_seed
 from agl.semconv import AGENT_NAME
 from agl.store.base import LightningStore
 from agl.tracer.writer import SpanWriter
@@ -95,7 +96,9 @@ class Gateway:
         self._client_auth = f"Bearer {client_token}".encode() if client_token else None
         self._secrets = tuple(s for s in (token, client_token, *(u.api_key for u in self.upstreams)) if s)
         self.metrics = GatewayMetrics(self.stats)
-        self._attribution: dict[tuple[str, str], tuple[str, str | None]] = {}
+        # (rollout, attempt) -> (attempt, resources id, the attempt's sampling seed or None)
+        self._attribution: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
+        self._calls: dict[str, int] = {}  # a seeded attempt's model calls so far (its next call's index)
         self._unattributed: tuple[str, str] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -411,11 +414,13 @@ class Gateway:
                     request = anthropic.to_chat(given)
                     if record is not None:
                         record.tags[sc.LLM_REQUEST_MESSAGES] = request["messages"]
+                    request = self._seeded(target, "chat.completions", request, b"")[0]
                     raw = orjson.dumps(request)
                     send = anthropic.ASGITranslator(send, given, lambda: record.error if record else None)
                     forward_api = "chat.completions"
                 else:
                     request, forward_api = parse_request(api, raw), api
+                    request, raw = self._seeded(target, forward_api, request, raw)
                     if record is not None:
                         record.request = request
                 status, upstream_s = await self.forwarder.forward(
@@ -441,8 +446,23 @@ class Gateway:
                 self._drained.set()
             self.metrics.observe(api, status, time.perf_counter() - began, upstream_s)
 
-    async def _attribute(self, rollout_id: str | None, attempt_id: str) -> tuple[str, str, str | None] | None:
-        """``(rollout_id, attempt_id, resources_id)`` the call belongs to, or None when it is unrecorded."""
+    def _seeded(
+        self, target: _Target | None, api: str, request: dict[str, Any], raw: bytes
+    ) -> tuple[dict[str, Any], bytes]:
+        """The request (and body) with a sampling ``seed`` when its attempt is seeded and it sets none: the
+        attempt's seed and the call's index in the attempt, so a rerun samples each call the same way."""
+        if target is None or target[3] is None or api == "embeddings" or "seed" in request:
+            return request, raw
+        index = self._calls.get(target[1], 0)
+        if target[1] not in self._calls and len(self._calls) >= max(self.config.attribution_cache_size, 1):
+            self._calls.pop(next(iter(self._calls)))
+        self._calls[target[1]] = index + 1
+        seeded = {**request, "seed": derive_seed(target[3], index)}
+        return seeded, orjson.dumps(seeded)
+
+    async def _attribute(self, rollout_id: str | None, attempt_id: str) -> _Target | None:
+        """``(rollout_id, attempt_id, resources_id, seed)`` the call belongs to (``seed``: its attempt's
+        sampling seed, from the rollout's :data:`~agl.seeding.ROLLOUT_SEED`), or None when it is unrecorded."""
         if rollout_id is None:
             if not self.config.record_unattributed:
                 return None
@@ -451,10 +471,10 @@ class Gateway:
                     RolloutCreate(mode="gateway", metadata={"agl.gateway": "unattributed calls"})
                 )
                 self._unattributed = (started.rollout.rollout_id, started.attempt.attempt_id)
-            return (*self._unattributed, None)
+            return (*self._unattributed, None, None)
         cached = self._attribution.get((rollout_id, attempt_id))
         if cached is not None:
-            return rollout_id, cached[0], cached[1]
+            return rollout_id, *cached
         try:
             rollout = await self.store.get_rollout(rollout_id)
             attempts = (await self.store.query_attempts(rollout_id=rollout_id, limit=1000)).items
@@ -478,8 +498,15 @@ class Gateway:
                     param="attempt_id",
                     code="attempt_not_found",
                 )
-            return rollout_id, max(attempts, key=lambda a: a.attempt_number).attempt_id, rollout.resources_id
-        if not any(a.attempt_id == attempt_id for a in attempts):
+            latest = max(attempts, key=lambda a: a.attempt_number)
+            return (
+                rollout_id,
+                latest.attempt_id,
+                rollout.resources_id,
+                _seed(rollout.metadata, latest.attempt_number),
+            )
+        attempt = next((a for a in attempts if a.attempt_id == attempt_id), None)
+        if attempt is None:
             raise HTTPError(
                 404,
                 f"rollout {rollout_id!r} has no attempt {attempt_id!r}",
@@ -488,12 +515,23 @@ class Gateway:
             )
         if len(self._attribution) >= self.config.attribution_cache_size > 0:
             self._attribution.pop(next(iter(self._attribution)))
+        seed = _seed(rollout.metadata, attempt.attempt_number)
         if self.config.attribution_cache_size:
-            self._attribution[(rollout_id, attempt_id)] = (attempt_id, rollout.resources_id)
-        return rollout_id, attempt_id, rollout.resources_id
+            self._attribution[(rollout_id, attempt_id)] = (attempt_id, rollout.resources_id, seed)
+        return rollout_id, attempt_id, rollout.resources_id, seed
 
 
 ANTHROPIC_API = "anthropic.messages"
+#: ``(rollout_id, attempt_id, resources_id, sampling seed)`` of an attributed call
+_Target = tuple[str, str, str | None, int | None]
+
+
+def _seed(metadata: dict[str, Any] | None, attempt_number: int) -> int | None:
+    """An attempt's sampling seed: its rollout's seed and its number (a retry samples afresh), or None."""
+    seed = (metadata or {}).get(ROLLOUT_SEED)
+    return derive_seed(int(seed), attempt_number) if isinstance(seed, int) else None
+
+
 _AGENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 

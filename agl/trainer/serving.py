@@ -22,7 +22,8 @@ class Serving:
     Args:
         engine: ``agl.engines.BuiltinEngine(options)`` (None: the built-in engine with no options) or
             ``agl.engines.VllmEngine(replicas=..., ...)`` (vLLM replicas behind the gateway).
-        sampling: the ``sampling_parameters`` of the LLM resource agents get (the policy's own).
+        sampling: the ``sampling_parameters`` of the LLM resource agents get (the policy's own); temperature
+            0.7 by default, as the recipes train (at 1.0 SmolLM2 failed every rollout of the calc demo's first step).
         host, port: where the gateway binds (``0.0.0.0`` for runners on other machines; port 0: a free one).
         public_host: the host name remote runners use; defaults to ``host``, or this machine's name
             when that is a wildcard address.
@@ -33,7 +34,7 @@ class Serving:
     """
 
     engine: EngineSpec | None = None
-    sampling: dict[str, Any] = dataclasses.field(default_factory=lambda: {"temperature": 1.0})
+    sampling: dict[str, Any] = dataclasses.field(default_factory=lambda: {"temperature": 0.7})
     host: str = "127.0.0.1"
     port: int = 0
     public_host: str | None = None

@@ -2,6 +2,7 @@
 
     python -m examples.calc.train                 # SmolLM2, about 15 minutes: writes results/calc/
     python -m examples.calc.train --model tiny    # a one-minute smoke run of the loop: results/calc-tiny/
+    python -m examples.calc.train --seeds 0,1,2 --result calc-seeds.json   # one run per seed, and the spread
 
 The agent (``examples/calc/agent.py``) is plain openai-SDK code. The loop: measure held-out accuracy;
 a short SFT warm start on generated tool-use traces; GRPO through the store, runners, gateway and
@@ -9,7 +10,8 @@ engine; measure again. Writes ``curve.png``, ``summary.json``, ``metrics.csv``, 
 trained model to ``--out``; a rerun replaces the previous run's store there.
 
 Defaults (SmolLM2 / tiny): 10 / 2 GRPO steps of 6 / 2 tasks, 8 / 2 warm-start steps, 64 / 8
-held-out tasks, learning rate 2e-5 / 1e-4.
+held-out tasks, learning rate 2e-5 / 1e-4. ``--seed`` changes training only (sampling, task order, the
+tiny model's init); the tasks and the held-out set come from ``--split-seed`` (default 0).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig, WarmStart
 from agl.models import smollm2, tiny_model
 from examples.calc.agent import CALCULATOR, SYSTEM, calc_agent, calculate
 from examples.calc.tasks import make_tasks
-from examples.recipe import plot
+from examples.recipe import add_seed_options, plot, run_seeds
 
 
 def tool_use_trace(task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -59,12 +61,30 @@ def fresh_store(out: Path, names: Sequence[str] = ("store.db", "store.db-wal", "
         path.unlink()
 
 
-def main() -> None:
+def calc_tasks(
+    split_seed: int, n_val: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, held-out, warm-start) tasks: from the split seed alone, so the held-out set stays fixed
+    while the training seed varies."""
+    train, val = make_tasks(200, seed=split_seed), make_tasks(n_val, seed=10_000 + split_seed)
+    return train, val, make_tasks(64, seed=20_000 + split_seed)
+
+
+def calc_phases(summary: dict[str, Any]) -> dict[str, float | None]:
+    """A demo run's held-out accuracies from its ``summary.json``."""
+    return {
+        "before": summary["val_accuracy_before"],
+        "after_warm_start": summary["val_accuracy_after_sft"],
+        "after_grpo": summary["val_accuracy_after"],
+    }
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
-    parser.add_argument("--seed", type=int, default=0)
+    add_seed_options(parser)
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps (default: 10, tiny: 2)")
     parser.add_argument(
         "--sft-steps", type=int, default=None, help="SFT warm-start steps (default: 8, tiny: 2)"
@@ -89,18 +109,25 @@ def main() -> None:
         default=None,
         help="output folder (default: results/calc, tiny: results/calc-tiny)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.out = args.out or default_out("calc", args.model)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.seeds:  # one process per seed, each with its own CPU time and peak RSS
+        run_seeds("examples.calc.train", args, calc_phases)
+        return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("agl.algorithm.grpo").setLevel(logging.INFO)  # phase results and warm-start losses
     tiny = args.model == "tiny"
-    args.out = args.out or default_out("calc", args.model)
     fresh_store(args.out)
     steps = args.steps if args.steps is not None else (2 if tiny else 10)
     sft_steps = args.sft_steps if args.sft_steps is not None else (2 if tiny else 8)
     n_val = args.val if args.val is not None else (8 if tiny else 64)
     model_path = tiny_model(seed=args.seed) if tiny else smollm2()
-    train, val = make_tasks(200, seed=args.seed), make_tasks(n_val, seed=10_000 + args.seed)
-    warm_tasks = make_tasks(64, seed=20_000 + args.seed)
+    train, val, warm_tasks = calc_tasks(args.split_seed, n_val)
     sft_lr = 1e-4 if tiny else 1e-5
     config = GRPOConfig(
         model_path=str(model_path),
@@ -110,6 +137,7 @@ def main() -> None:
         lr=args.lr or (1e-4 if tiny else 2e-5),
         eval_every=steps,  # held-out accuracy after the warm start and at the end
         loss=LossConfig(aggregation="token_mean"),
+        precision=args.precision,
         seed=args.seed,
         warm_start=WarmStart(
             conversations=[tool_use_trace(t) for t in warm_tasks],
@@ -151,6 +179,8 @@ def main() -> None:
         "val_tasks": n_val,
         "wall_time_s": round(wall, 1),
         "seed": args.seed,
+        "split_seed": args.split_seed,
+        "precision": args.precision,
         "temperature": args.temperature,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -13,6 +13,7 @@ constants it never had in training. Writes ``curve.png``, ``summary.json`` and t
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 from examples.coding_agent.agent import INSTRUCTIONS, coding_agent
@@ -30,9 +31,14 @@ def solution_trace(task: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def split(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(train, test) tasks: the held-out split from ``--split-seed``, whatever ``--seed``."""
+    return split_by_template(make_tasks(), test=args.test, key="spec", seed=args.split_seed)
+
+
 def main() -> None:
     args = recipe_args(__doc__ or "", "coding_agent", sft_steps=0)  # the base already passes 58%: GRPO alone
-    train, test = split_by_template(make_tasks(), test=args.test, key="spec", seed=args.seed)
+    train, test = split(args)
     recipe = Recipe(
         name="coding_agent",
         framework="OpenAI Agents SDK",

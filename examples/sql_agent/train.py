@@ -12,6 +12,7 @@ under ``--out`` (default ``results/sql_agent``, or ``results/sql_agent-tiny`` fo
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from pathlib import Path
@@ -75,12 +76,18 @@ def recursion_limit_share(store_path: Path, n_test: int) -> dict[str, Any]:
     return {"recursion_limit_share": share}
 
 
+def split(args: argparse.Namespace) -> tuple[Path, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The shop database and its (train, test) questions: from ``--split-seed``, whatever ``--seed``."""
+    database = build_database(args.out / "shop.db", seed=args.split_seed)
+    questions = [{**q, "database": str(database)} for q in make_questions(database)]
+    train, test = split_by_template(questions, test=args.test, key="question", seed=args.split_seed)
+    return database, train, test
+
+
 def main() -> None:
     args = recipe_args(__doc__ or "", "sql_agent")
     agl.instrument("langchain")  # LangGraph's nodes and tool calls show in the dashboard
-    database = build_database(args.out / "shop.db", seed=args.seed)
-    questions = [{**q, "database": str(database)} for q in make_questions(database)]
-    train, test = split_by_template(questions, test=args.test, key="question", seed=args.seed)
+    database, train, test = split(args)
     recipe = Recipe(
         name="sql_agent",
         framework="LangGraph",

@@ -25,7 +25,7 @@ def test_trainer_takes_at_most_seven_arguments() -> None:
     trainer = agl.Trainer(algorithm, serving=agl.Serving(port=8123))  # algorithm may be positional
     assert trainer.algorithm is algorithm and trainer.serving.port == 8123
     assert agl.Trainer().serving == agl.Serving()  # loopback, a free port, the built-in engine, T=1
-    assert agl.Serving().sampling == {"temperature": 1.0} and agl.Serving().engine is None
+    assert agl.Serving().sampling == {"temperature": 0.7} and agl.Serving().engine is None
 
 
 def test_unknown_arguments_and_bad_values_are_refused_by_name() -> None:

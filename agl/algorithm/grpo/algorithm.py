@@ -10,6 +10,7 @@ resources version, so the next rollouts record the version they ran with.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -30,6 +31,7 @@ from agl.algorithm.spec import ModelSpec
 from agl.compute.memory import step_peaks
 from agl.compute.thread import run_compute
 from agl.errors import ConfigError
+from agl.seeding import derive_seed, seed_everything
 
 if TYPE_CHECKING:
     from agl.metrics import MetricsLogger
@@ -112,6 +114,12 @@ class GRPO(Algorithm):
         )
         return resources_id
 
+    @property
+    def _val_seed(self) -> int | None:
+        """Validation rollouts' sampling seed: the same at every evaluation of a deterministic run, so
+        scores before and after training differ by the weights, not by the draws."""
+        return derive_seed(self.config.seed, "val") if self.config.deterministic else None
+
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward over the validation rollouts that yielded one (failures are counted apart)."""
         return (await self._validation(ctx, val, resources_id, 0)).score
@@ -120,7 +128,9 @@ class GRPO(Algorithm):
         self, ctx: TrainingContext, val: Sequence[Any], resources_id: str, step: int
     ) -> Evaluation:
         """One validation rollout per task; its failures go to ``dropped.jsonl`` (``mode`` ``val``)."""
-        result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        result = await evaluate(
+            ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s, sampling_seed=self._val_seed
+        )
         write_dropped(Path(ctx.output_dir), failure_rows(result.failures, step, TaskIndex(val)))
         if result.failures.failed:
             log.info("validation at step %d: %s", step, result.summary())
@@ -147,6 +157,8 @@ class GRPO(Algorithm):
         if ctx.engines is None:
             raise ConfigError("GRPO needs an engine to push weights to: run it through Trainer.fit")
         out = Path(ctx.output_dir)
+        if cfg.deterministic:
+            seed_everything(cfg.seed)
         first_step = 1
         checkpoint = latest_checkpoint(out) if cfg.resume else None
         if checkpoint is not None:
@@ -237,6 +249,7 @@ class GRPO(Algorithm):
             depth=cfg.max_staleness if cfg.async_rollouts else 0,
             last_step=cfg.steps,
             timeout_s=cfg.rollout_timeout_s,
+            seed=cfg.seed if cfg.deterministic else None,
         )
         versions = VersionLog(self.version)
         if cfg.world_size > 1:
@@ -280,6 +293,8 @@ class GRPO(Algorithm):
                     zeroed=settled.zeroed,
                 )
                 batch = build_batch(kept, settled.spans, cfg, settled.zeroed)
+                if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
+                    batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
                 rollout_s = time.perf_counter() - started
                 row = {**batch.metrics, **settled.metrics, **stale, "trainer_idle_s": fetched.wait_s}
                 if batch.samples:

@@ -22,6 +22,7 @@ from typing import Any
 from agl.adapter import llm_calls
 from agl.algorithm.base import PendingRollouts, TrainingContext
 from agl.schemas import Rollout, RolloutStatus, Span
+from agl.seeding import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class RolloutPipeline:
         group_size: rollouts per task (one group per task).
         depth: steps enqueued ahead of the one being trained (the staleness bound); 0 is synchronous.
         last_step: no rollouts are enqueued for steps after it.
+        seed: when set, each step's rollouts sample from seeds derived from it and the step (so a
+            step's samples do not depend on when its rollouts ran).
     """
 
     def __init__(
@@ -76,8 +79,9 @@ class RolloutPipeline:
         depth: int,
         last_step: int,
         timeout_s: float,
+        seed: int | None = None,
     ) -> None:
-        self.ctx, self.draw = ctx, draw
+        self.ctx, self.draw, self.seed = ctx, draw, seed
         self.group_size, self.depth, self.last_step, self.timeout_s = group_size, depth, last_step, timeout_s
         self._in_flight: dict[int, _InFlight] = {}
 
@@ -103,6 +107,7 @@ class RolloutPipeline:
             group_size=self.group_size,
             resources_id=resources_id,
             metadata={"step": step},  # which step trains on it, for audits of staleness
+            sampling_seed=None if self.seed is None else derive_seed(self.seed, step),
         )
         task = asyncio.create_task(pending.collect(self.timeout_s), name=f"grpo-rollouts-step-{step}")
         self._in_flight[step] = _InFlight(pending, version, task)

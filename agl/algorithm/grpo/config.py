@@ -70,6 +70,12 @@ class GRPOConfig:
     export_model: bool = True
     export_adapter: bool = False
     seed: int = 0
+    # True: a seed reproduces a run's samples and rewards on one machine: every rollout's model calls sample
+    # from seeds derived from (seed, step, task, sample), batches keep enqueue order, Python/NumPy/torch are
+    # seeded. The weights then still differ in their last bits, as the engine's logprobs do with what it
+    # batched beside each call; "exact" (sync only) takes the loss's ratio against the trainer's own
+    # logprobs instead (on-policy, no engine/trainer mismatch correction) for bit-identical weights
+    deterministic: bool | Literal["exact"] = True
     # async: rollouts of the next max_staleness steps run while a step trains (off-policy by at most
     # max_staleness weight versions; the loss's ratio is against the engine's logprobs). Sync ignores it.
     async_rollouts: bool = False
@@ -117,6 +123,13 @@ class GRPOConfig:
         if self.sharding == "fsdp" and self.world_size < 2:
             raise ConfigError(
                 f'GRPOConfig(sharding="fsdp") shards over ranks: set world_size >= 2, got {self.world_size}'
+            )
+        if self.deterministic not in (True, False, "exact"):
+            raise ConfigError(f"deterministic must be True, False or 'exact', got {self.deterministic!r}")
+        if self.deterministic == "exact" and self.async_rollouts:
+            raise ConfigError(
+                'GRPOConfig(deterministic="exact") trains on-policy; async rollouts need the engine\'s '
+                "logprobs for their staleness: set deterministic=True or async_rollouts=False"
             )
         if self.credit not in ("final", "per_call"):
             raise ConfigError(f"credit must be 'final' or 'per_call', got {self.credit!r}")
