@@ -70,6 +70,8 @@ def test_bad_settings_name_the_field() -> None:
         Judge("http://127.0.0.1:1/v1", " ", model="m")
     with pytest.raises(ConfigError, match="max_tries"):
         Judge("http://127.0.0.1:1/v1", "rubric", model="m", max_tries=0)
+    with pytest.raises(ConfigError, match="judge"):
+        GRPOConfig(model_path="unused", judge="gpt-4o")  # type: ignore[arg-type]
 
 
 async def test_one_call_scores_the_group_side_by_side(upstream: OpenAIUpstream) -> None:

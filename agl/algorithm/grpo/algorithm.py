@@ -22,6 +22,7 @@ from agl.algorithm.export import BEST_DIR, BestExport, export_trained
 from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog, drop_stale
 from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
+from agl.algorithm.grpo.judging import judge_evaluation, judge_step
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed, rollout_failures
 from agl.algorithm.memory import step_peaks
@@ -105,13 +106,15 @@ class GRPO(Algorithm):
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
         """Mean final reward over one validation rollout per task; failed rollouts count as 0."""
-        return (await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)).score
+        result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        return (await judge_evaluation(ctx.store, self.config.judge, result)).score
 
     async def _baseline(
         self, ctx: TrainingContext, val: Sequence[Any], resources_id: str
     ) -> tuple[float, Failures]:
         """The first validation; stops the run when every rollout of it failed (``stop_on_all_failed``)."""
         result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
+        result = await judge_evaluation(ctx.store, self.config.judge, result)
         check_not_all_failed(
             result.failures,
             "the baseline evaluation",
@@ -243,9 +246,10 @@ class GRPO(Algorithm):
                         stop=cfg.stop_on_all_failed,
                         option="GRPOConfig(stop_on_all_failed=False)",
                     )
-                batch = build_batch(kept, fetched.spans, cfg)
+                kept, spans, judged = await judge_step(ctx.store, cfg.judge, kept, fetched.spans)
+                batch = build_batch(kept, spans, cfg)
                 rollout_s = time.perf_counter() - started
-                row = {**batch.metrics, **stale, "trainer_idle_s": fetched.wait_s}
+                row = {**batch.metrics, **stale, **judged, "trainer_idle_s": fetched.wait_s}
                 if batch.samples:
                     row.update(
                         await run_compute(

@@ -11,6 +11,7 @@ from agl.algorithm.memory import check_settings
 from agl.algorithm.policy.loss import LossConfig
 from agl.algorithm.precision import Precision, check_precision
 from agl.errors import ConfigError
+from agl.rewards.judge import Judge
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class GRPOConfig:
     agent: str | None = None  # train only this agent's calls (agl.agent_scope, agent endpoint, or span name)
     credit: Literal["final", "per_call"] = "final"  # per_call: emit_reward(response_id=...) shapes its call
     call_reward_weight: float = 1.0  # per_call: a call's return = final reward + weight * its own reward
+    # scores the rollouts that return no reward, a group per call (agl.rewards.Judge, agl/algorithm/grpo/judging.py)
+    judge: Judge | None = None
     warm_start: WarmStart | None = None  # SFT on known-good conversations before the first GRPO step
     loss: LossConfig = field(default_factory=LossConfig)
     kl_coef: float = 0.0
@@ -102,6 +105,10 @@ class GRPOConfig:
             )
         if self.credit not in ("final", "per_call"):
             raise ConfigError(f"credit must be 'final' or 'per_call', got {self.credit!r}")
+        if self.judge is not None and not isinstance(self.judge, Judge):
+            raise ConfigError(
+                f"GRPOConfig(judge=...) must be an agl.rewards.Judge, got {type(self.judge).__name__}"
+            )
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
 
