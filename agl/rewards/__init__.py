@@ -4,7 +4,7 @@
 reward the judge's score (see :mod:`agl.rewards.judge` and :mod:`agl.rewards.rollouts`).
 """
 
-from agl.rewards.judge import Judge, JudgeScore, Verdict, parse_scores
+from agl.rewards.judge import Judge, JudgeScore, Verdict
 from agl.rewards.rollouts import Judged, judge_rollouts, trajectory_text
 
-__all__ = ["Judge", "JudgeScore", "Judged", "Verdict", "judge_rollouts", "parse_scores", "trajectory_text"]
+__all__ = ["Judge", "JudgeScore", "Judged", "Verdict", "judge_rollouts", "trajectory_text"]

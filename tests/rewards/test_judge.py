@@ -16,8 +16,8 @@ from agl.adapter import final_reward, llm_calls, to_messages
 from agl.algorithm.base import rollout_spans
 from agl.algorithm.grpo import GRPOConfig, build_batch
 from agl.errors import ConfigError, JudgeError
-from agl.rewards import Judge, judge_rollouts, parse_scores, trajectory_text
-from agl.rewards.judge import MalformedReply
+from agl.rewards import Judge, judge_rollouts, trajectory_text
+from agl.rewards.judge import MalformedReply, parse_scores
 from agl.schemas import AttemptStatus, Rollout, RolloutCreate, Span
 from agl.store import InMemoryLightningStore
 from tests.adapter.spans import SpanMaker
