@@ -15,6 +15,7 @@ from agl import semconv as sc
 from agl.adapter import final_reward, llm_calls, to_messages
 from agl.algorithm.base import rollout_spans
 from agl.algorithm.grpo import GRPOConfig, build_batch
+from agl.cli.train import ConfigProblem, merge, plan
 from agl.errors import ConfigError, JudgeError
 from agl.rewards import Judge, judge_rollouts, trajectory_text
 from agl.rewards.judge import MalformedReply, parse_scores
@@ -210,3 +211,22 @@ def test_judge_spans_are_never_trained_on_nor_read_as_the_agents_calls() -> None
     with_judge = build_batch(rollouts, judged, config)
     assert with_judge.samples == plain.samples and len(plain.samples) == 2
     assert all(7 not in s.input_ids for s in with_judge.samples)
+
+
+def test_agl_train_config_builds_the_judge_and_keeps_its_key_out_of_the_saved_config() -> None:
+    judge = "{endpoint: 'http://127.0.0.1:9/v1', rubric: 'short is good', model: critic, api_key: sk-secret}"
+    run = plan(merge(None, {"algorithm": "grpo"}, ["grpo.model_path=m", f"grpo.judge={judge}"]))
+    built = run.algorithm_config.judge
+    assert isinstance(built, Judge) and (built.model, built.api_key) == ("critic", "sk-secret")
+    assert (
+        run.resolved["grpo"]["judge"]["api_key"] is None
+        and run.resolved["grpo"]["judge"]["model"] == "critic"
+    )
+    with pytest.raises(ConfigProblem, match="rubric"):
+        plan(
+            merge(
+                None,
+                {"algorithm": "grpo"},
+                ["grpo.model_path=m", "grpo.judge={endpoint: 'http://x/v1', model: m}"],
+            )
+        )
