@@ -48,7 +48,7 @@ def render_messages(messages: Sequence[Mapping[str, Any]]) -> list[str]:
         if text:
             lines.append(f"{role}: {text}")
         for call in m.get("tool_calls") or []:
-            fn = call.get("function") or {} if isinstance(call, Mapping) else {}
+            fn = (call.get("function") or {}) if isinstance(call, Mapping) else {}
             lines.append(f"{role} calls {fn.get('name', '?')}({fn.get('arguments', '')})")
     return lines
 
@@ -59,18 +59,20 @@ def trajectory_text(spans: Sequence[Span]) -> str:
     calls = llm_calls(spans)
     if not calls:
         return "(no model calls recorded)\nFinal answer: (none)"
+    agents = call_agents(calls, spans)
     by_agent: dict[str | None, list[LLMCall]] = {}
-    for call, agent in zip(calls, call_agents(calls, spans), strict=True):
+    for call, agent in zip(calls, agents, strict=True):
         by_agent.setdefault(agent, []).append(call)
     lines: list[str] = []
-    final = ""
+    finals: dict[str | None, str] = {}
     for agent, own in by_agent.items():
         messages = to_messages(own)
         if len(by_agent) > 1:
             lines.append(f"[agent {agent or 'unnamed'}]")
         lines += render_messages(messages)
         said = [_text(m.get("content")) for m in messages if m.get("role") == "assistant"]
-        final = next((t for t in reversed(said) if t), final)
+        finals[agent] = next((t for t in reversed(said) if t), "")
+    final = finals[agents[-1]]  # the last assistant text of the agent that made the last call
     return "\n".join([*lines, f"Final answer: {final or '(none)'}"])
 
 
@@ -114,8 +116,8 @@ async def judge_rollouts(
 
     async def one(key: str, members: list[Rollout]) -> list[Span]:
         texts = [trajectory_text(out.spans.get(r.rollout_id, [])) for r in members]
-        started = time.time_ns()
         async with gate:
+            started = time.time_ns()
             try:
                 verdict: Verdict | JudgeError = await judge.score(
                     members[0].input, texts, client=client, group_id=key

@@ -230,3 +230,44 @@ def test_agl_train_config_builds_the_judge_and_keeps_its_key_out_of_the_saved_co
                 ["grpo.model_path=m", "grpo.judge={endpoint: 'http://x/v1', model: m}"],
             )
         )
+
+
+@pytest.mark.parametrize("checker_last", [True, False])
+def test_a_trajectory_shows_each_agents_messages_tool_calls_and_final_answer(checker_last: bool) -> None:
+    m = SpanMaker("r1")
+    ask: list[dict[str, Any]] = [{"role": "user", "content": "weather in Oslo?"}]
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    first: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [call]}
+    second_ask: list[dict[str, Any]] = [
+        *ask,
+        first,
+        {"role": "tool", "tool_call_id": "c1", "content": "rain, 4C"},
+    ]
+    said = {"role": "assistant", "content": "Rainy, 4C."}
+    check = [{"role": "user", "content": "check: Rainy, 4C."}]
+    ok = {"role": "assistant", "content": "ok"}
+
+    def planner(request: list[dict[str, Any]], reply: dict[str, Any]) -> Span:
+        attrs = {sc.LLM_REQUEST_MESSAGES: request, sc.LLM_RESPONSE_MESSAGE: reply, sc.AGENT_NAME: "planner"}
+        return m.call([1], [2], attrs=attrs)
+
+    def checker() -> Span:
+        attrs = {sc.LLM_REQUEST_MESSAGES: check, sc.LLM_RESPONSE_MESSAGE: ok, sc.AGENT_NAME: "checker"}
+        return m.call([9], [8], attrs=attrs)
+
+    if checker_last:  # the spans in the order the calls were made
+        spans = [planner(ask, first), planner(second_ask, said), checker()]
+    else:
+        spans = [planner(ask, first), checker(), planner(second_ask, said)]
+    assert trajectory_text(spans).splitlines() == [
+        "[agent planner]",
+        "user: weather in Oslo?",
+        'assistant calls weather({"city": "Oslo"})',
+        "tool c1: rain, 4C",
+        "assistant: Rainy, 4C.",
+        "[agent checker]",
+        "user: check: Rainy, 4C.",
+        "assistant: ok",
+        f"Final answer: {'ok' if checker_last else 'Rainy, 4C.'}",  # the last call's agent's last words
+    ]
+    assert trajectory_text([]) == "(no model calls recorded)\nFinal answer: (none)"
