@@ -13,8 +13,10 @@ import pytest
 import agl
 from agl import semconv as sc
 from agl.adapter import final_reward, llm_calls, to_messages
-from agl.algorithm.base import rollout_spans
+from agl.algorithm.base import Evaluation, rollout_spans
 from agl.algorithm.grpo import GRPOConfig, build_batch
+from agl.algorithm.grpo.judging import judge_evaluation
+from agl.algorithm.health import Failures
 from agl.cli.train import ConfigProblem, merge, plan
 from agl.errors import ConfigError, JudgeError
 from agl.rewards import Judge, judge_rollouts, trajectory_text
@@ -271,3 +273,17 @@ def test_a_trajectory_shows_each_agents_messages_tool_calls_and_final_answer(che
         f"Final answer: {'ok' if checker_last else 'Rainy, 4C.'}",  # the last call's agent's last words
     ]
     assert trajectory_text([]) == "(no model calls recorded)\nFinal answer: (none)"
+
+
+async def test_validation_judges_each_rollout_alone_and_leaves_a_failed_one_out(
+    upstream: OpenAIUpstream,
+) -> None:
+    async with InMemoryLightningStore() as store:
+        rollouts = await _group(store, "val", ["Paris", "Rome"])  # one group id, still judged one by one
+        results = [(r, await rollout_spans(store, r.rollout_id)) for r in rollouts]
+        upstream.script(scores(0.8), "no", "no")
+        judge = make_judge(upstream, max_tries=2)
+        got = await judge_evaluation(store, judge, Evaluation(0.0, Failures(0, 2), results))
+        assert got.score == 0.8 and len(got.results) == 1  # not (0.8 + 0) / 2
+        assert all("=== Trajectory 2 ===" not in r.body["messages"][1]["content"] for r in upstream.requests)
+        assert final_reward(got.results[0][1]) == 0.8
