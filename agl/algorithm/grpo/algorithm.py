@@ -105,7 +105,8 @@ class GRPO(Algorithm):
         return resources_id
 
     async def evaluate(self, ctx: TrainingContext, val: Sequence[Any], resources_id: str) -> float:
-        """Mean final reward over one validation rollout per task; failed rollouts count as 0."""
+        """Mean final reward over one validation rollout per task; failed rollouts count as 0 (with a judge,
+        a rollout without a reward is judged alone; one the judge fails on is left out: judging.py)."""
         result = await evaluate(ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s)
         return (await judge_evaluation(ctx.store, self.config.judge, result)).score
 
