@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from agl import errors as errors
     from agl import metrics as metrics
     from agl import models as models
+    from agl import rewards as rewards
     from agl import sandbox as sandbox
     from agl import store as store
     from agl.agent import CommandAgent, LitAgent, openai_client, rollout
@@ -158,6 +159,7 @@ _SUBMODULES = {
     "errors",
     "metrics",
     "models",
+    "rewards",
     "sandbox",
     "store",
 }  # reachable as agl.NAME without an import

@@ -10,6 +10,7 @@
     │   ├── UnauthorizedError      a missing or wrong token (remote stores)
     │   └── StoreUnavailableError  the backend or server cannot be reached
     ├── GatewayError
+    ├── JudgeError                 a reward judge gave no usable scores for a group (``agl.rewards.Judge``)
     ├── AgentError
     │   ├── NoActiveRolloutError   an emitter called outside a rollout
     │   └── RewardError            the reward could not be computed (a rollout failure of class ``reward``)
@@ -66,6 +67,23 @@ class StoreUnavailableError(StoreError):
 
 class GatewayError(AglError):
     """The LLM gateway could not serve or record a call."""
+
+
+class JudgeError(AglError):
+    """A reward judge gave no usable scores (bad replies after its retries, or an unreachable endpoint):
+    the rollouts it judged get no reward, never a reward of 0."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        group_id: str | None = None,
+        replies: list[str] | None = None,
+        **kwargs: str | None,
+    ) -> None:
+        super().__init__(message, **kwargs)
+        self.group_id = group_id
+        self.replies = list(replies or [])  # the judge's raw reply of every try
 
 
 class AgentError(AglError):

@@ -17,6 +17,7 @@ SPAN_EXCEPTION = "agl.exception"
 SPAN_ANNOTATION = "agl.annotation"
 SPAN_OPERATION = "agl.operation"
 SPAN_ROLLOUT = "agl.rollout"
+SPAN_JUDGE = "agl.judge"  # a reward judge's call for a group (agl.rewards.Judge): recorded, never trained on
 
 # ----- the LLM call view (values are JSON: objects and lists allowed) -------------------------
 # "chat.completions" | "completions" | "responses" | "anthropic.messages" (sent upstream as chat) | "embeddings"
@@ -64,3 +65,15 @@ ANNOTATION = "agl.annotation"
 OPERATION_NAME = "agl.operation.name"
 OPERATION_INPUT = "agl.operation.input"
 OPERATION_OUTPUT = "agl.operation.output"
+
+# ----- a reward judge's verdict (agl.rewards.Judge); its reward spans are tagged "judge" ----------
+REWARD_REASON = "agl.reward.reason"  # the judge's one-line reason for the reward
+JUDGE_MODEL = "agl.judge.model"
+JUDGE_GROUP_ID = "agl.judge.group_id"
+JUDGE_ROLLOUT_IDS = "agl.judge.rollout_ids"  # the rollouts shown side by side, in the order shown
+JUDGE_INDEX = "agl.judge.index"  # this rollout's trajectory number in the judge's prompt (1-based)
+JUDGE_REQUEST_MESSAGES = "agl.judge.request.messages"  # on the span of the first rollout shown
+JUDGE_REPLIES = "agl.judge.replies"  # the judge's raw reply of every try, in order
+JUDGE_SCORE = "agl.judge.score"
+JUDGE_ERROR = "agl.judge.error"  # why the judge gave no usable scores
+JUDGE_TAG = "judge"

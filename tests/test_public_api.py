@@ -69,6 +69,21 @@ def test_the_exported_names_are_pinned_and_each_resolves() -> None:
     assert sorted(k for k in namespace if k != "__builtins__") == sorted(EXPORTED)
 
 
+def test_the_rewards_submodule_is_pinned() -> None:
+    """``agl.rewards.Judge`` without an import of its own, and the submodule's names pinned like the top's."""
+    assert agl.rewards.__all__ == [
+        "Judge",
+        "JudgeScore",
+        "Judged",
+        "Verdict",
+        "judge_rollouts",
+        "trajectory_text",
+    ]
+    from agl.rewards.judge import Judge
+
+    assert agl.rewards.Judge is Judge
+
+
 def test_the_type_checking_imports_match_the_lazy_exports() -> None:
     """``_EXPORTS`` (what ``__getattr__`` loads), ``__all__`` and the ``TYPE_CHECKING`` imports name the same
     objects, so a type checker sees exactly what the running code returns."""

@@ -66,8 +66,8 @@ PORTS = ("4747", "8000")
 _DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(\w+)\s*:\s*(.*?)\s*-->", re.S)
 _MIRRORED = ("agl", "examples", "benchmarks", "scripts", ".venv", "Makefile")
 _COPIED = ("pyproject.toml", "README.md")
-# inline code that names span attributes, not Python objects
-NOT_PYTHON = {"agl.rollout_id", "agl.attempt_id", "agl.llm"}
+# inline code that names span attributes or span names, not Python objects
+NOT_PYTHON = {"agl.rollout_id", "agl.attempt_id", "agl.llm", "agl.judge"}
 
 
 @dataclass

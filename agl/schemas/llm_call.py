@@ -49,8 +49,10 @@ class LLMCall:
         a = span.attributes
         if sc.LLM_API not in a and span.name != sc.SPAN_LLM_CALL:
             return None
-        if span.name == sc.SPAN_EMBEDDINGS:  # no generation: nothing to train on or replay as a turn
-            return None
+        if span.name in (sc.SPAN_EMBEDDINGS, sc.SPAN_JUDGE):  # no generation of the agent's: nothing to
+            return (
+                None  # train on or replay as a turn (a reward judge's call is the trainer's, not the agent's)
+            )
         return cls(
             rollout_id=span.rollout_id,
             attempt_id=span.attempt_id,

@@ -25,6 +25,7 @@ from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog, drop_stal
 from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
 from agl.algorithm.grpo.failures import TaskIndex, failure_rows, settle_failures, write_dropped
+from agl.algorithm.grpo.judging import judge_evaluation, judge_step
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
 from agl.algorithm.spec import ModelSpec
@@ -131,6 +132,8 @@ class GRPO(Algorithm):
         result = await evaluate(
             ctx, val, resources_id, timeout_s=self.config.rollout_timeout_s, sampling_seed=self._val_seed
         )
+        # with a judge, a rollout without a reward is judged alone; one the judge fails on is left out
+        result = await judge_evaluation(ctx.store, self.config.judge, result)
         write_dropped(Path(ctx.output_dir), failure_rows(result.failures, step, TaskIndex(val)))
         if result.failures.failed:
             log.info("validation at step %d: %s", step, result.summary())
@@ -292,11 +295,18 @@ class GRPO(Algorithm):
                     max_staleness=pipeline.depth,
                     zeroed=settled.zeroed,
                 )
-                batch = build_batch(kept, settled.spans, cfg, settled.zeroed)
+                kept, spans, judged = await judge_step(ctx.store, cfg.judge, kept, settled.spans)
+                batch = build_batch(kept, spans, cfg, settled.zeroed)
                 if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
                     batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
                 rollout_s = time.perf_counter() - started
-                row = {**batch.metrics, **settled.metrics, **stale, "trainer_idle_s": fetched.wait_s}
+                row = {
+                    **batch.metrics,
+                    **settled.metrics,
+                    **stale,
+                    **judged,
+                    "trainer_idle_s": fetched.wait_s,
+                }
                 if batch.samples:
                     row.update(
                         await run_compute(

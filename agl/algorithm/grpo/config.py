@@ -13,6 +13,7 @@ from agl.compute.memory import check_settings
 from agl.compute.precision import Precision, check_precision
 from agl.errors import ConfigError
 from agl.failures import FAILURE_CLASSES, FailureClass
+from agl.rewards.judge import Judge
 
 #: what a step does with a rollout that yielded no reward (README "Failure classes")
 OnFailure = Literal["resample", "drop_group", "train_survivors", "zero"]
@@ -58,6 +59,8 @@ class GRPOConfig:
     agent: str | None = None  # train only this agent's calls (agl.agent_scope, agent endpoint, or span name)
     credit: Literal["final", "per_call"] = "final"  # per_call: emit_reward(response_id=...) shapes its call
     call_reward_weight: float = 1.0  # per_call: a call's return = final reward + weight * its own reward
+    # scores the rollouts that return no reward, a group per call (agl.rewards.Judge, agl/algorithm/grpo/judging.py)
+    judge: Judge | None = None
     warm_start: WarmStart | None = None  # SFT on known-good conversations before the first GRPO step
     loss: LossConfig = field(default_factory=LossConfig)
     kl_coef: float = 0.0
@@ -136,6 +139,10 @@ class GRPOConfig:
         object.__setattr__(self, "on_failure", check_on_failure(self.on_failure))
         if self.max_resamples < 0:
             raise ConfigError(f"GRPOConfig.max_resamples must be >= 0, got {self.max_resamples}")
+        if self.judge is not None and not isinstance(self.judge, Judge):
+            raise ConfigError(
+                f"GRPOConfig(judge=...) must be an agl.rewards.Judge, got {type(self.judge).__name__}"
+            )
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
 
