@@ -18,10 +18,16 @@ PACKAGE = Path(agl.__file__).parent
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "semconv", "schemas"),  # error types, span attribute names, the records everyone exchanges
     ("store",),  # rollouts, attempts, spans and resources: in memory, SQLite, PostgreSQL, over HTTP
-    ("adapter", "tracer", "emit"),  # spans out of the store as training data; spans in from agent code
+    ("adapter", "tracer", "emit", "failures", "seeding"),  # spans out as training data, spans in from agent
+    # code; why a rollout yielded no reward; the seeds of a reproducible run
     ("asgi_server", "compute", "models", "gateway"),  # server threads, device/precision/memory, local LMs
     ("engines", "testing"),  # what serves the model, and the in-memory stand-in for one in users' tests
-    ("agent", "sandbox", "runner"),  # the agent side: agents, a sandbox for code rewards, the claim loop
+    (
+        "agent",
+        "sandbox",
+        "runner",
+        "rewards",
+    ),  # the agent side: agents, rewards (a sandbox, a judge), the claim loop
     ("trackers", "metrics", "algorithm"),  # GRPO, APO and SFT over a TrainingContext, and their metrics
     ("trainer",),  # wires store, gateway, engines, runners and an algorithm
     ("dashboard", "cli", "__main__"),  # the user's entry points

@@ -221,6 +221,11 @@ class GRPO(Algorithm):
             **exported,  # model_path, best_model_path, adapter_path
         }
 
+    async def _checkpoint(self, path: Path, step: int) -> None:
+        """The policy and the step it reached, for ``resume=True``."""
+        await run_compute(self.policy.save, path)
+        (path / "trainer_state.json").write_text(json.dumps({"step": step, "version": self.version}))
+
     async def _train_steps(
         self,
         ctx: TrainingContext,
@@ -300,13 +305,8 @@ class GRPO(Algorithm):
                 if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
                     batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
                 rollout_s = time.perf_counter() - started
-                row = {
-                    **batch.metrics,
-                    **settled.metrics,
-                    **stale,
-                    **judged,
-                    "trainer_idle_s": fetched.wait_s,
-                }
+                row = {**batch.metrics, **settled.metrics, **stale, **judged}
+                row["trainer_idle_s"] = fetched.wait_s
                 if batch.samples:
                     row.update(
                         await run_compute(
@@ -324,11 +324,7 @@ class GRPO(Algorithm):
                         best.offer, self.policy, val_after, step=step, model_version=self.version
                     )
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    path = out / "checkpoints" / f"step-{step}"
-                    await run_compute(self.policy.save, path)
-                    (path / "trainer_state.json").write_text(
-                        json.dumps({"step": step, "version": self.version})
-                    )
+                    await self._checkpoint(out / "checkpoints" / f"step-{step}", step)
                 row.update(
                     step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s, **step_peaks()
                 )
