@@ -209,7 +209,8 @@ class TableStore(StoreWithReadModel):
         now = self.clock()
         rollout.status = status
         rollout.updated_at = now
-        if status == RolloutStatus.RUNNING and rollout.started_at is None:
+        # claimed is started: an attempt that prepares for a while still counts toward its duration
+        if status in (RolloutStatus.PREPARING, RolloutStatus.RUNNING) and rollout.started_at is None:
             rollout.started_at = now
         if status.is_terminal:
             rollout.ended_at = now
