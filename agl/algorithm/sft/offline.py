@@ -57,7 +57,8 @@ async def _succeeded(store: LightningStore) -> list[Rollout]:
     cursor = None
     while True:
         page = await store.query_rollouts(status=[RolloutStatus.SUCCEEDED], limit=PAGE, cursor=cursor)
-        out += page.items
+        # a teacher's rollouts carry another model's token ids: never the student's own samples
+        out += [r for r in page.items if not r.mode.startswith("teacher")]
         cursor = page.next_cursor
         if cursor is None:
             return out
