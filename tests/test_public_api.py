@@ -40,6 +40,7 @@ EXPORTED = [
     "Span",
     "SqliteLightningStore",
     "SyncLightningStore",
+    "Teacher",
     "Trainer",
     "TrainingContext",
     "WarmStart",

@@ -10,6 +10,7 @@ from agl.algorithm.grpo.warm_start import WarmStart
 from agl.algorithm.memory import check_settings
 from agl.algorithm.policy.loss import LossConfig
 from agl.algorithm.precision import Precision, check_precision
+from agl.algorithm.teacher import Teacher
 from agl.errors import ConfigError
 
 
@@ -46,7 +47,9 @@ class GRPOConfig:
     agent: str | None = None  # train only this agent's calls (agl.agent_scope, agent endpoint, or span name)
     credit: Literal["final", "per_call"] = "final"  # per_call: emit_reward(response_id=...) shapes its call
     call_reward_weight: float = 1.0  # per_call: a call's return = final reward + weight * its own reward
-    warm_start: WarmStart | None = None  # SFT on known-good conversations before the first GRPO step
+    # SFT before the first GRPO step: on known-good conversations (WarmStart), or on a stronger model's
+    # best rollouts of the train tasks (agl.Teacher, which fit serves beside the policy)
+    warm_start: WarmStart | Teacher | None = None
     loss: LossConfig = field(default_factory=LossConfig)
     kl_coef: float = 0.0
     eval_every: int = 5
@@ -102,6 +105,11 @@ class GRPOConfig:
             )
         if self.credit not in ("final", "per_call"):
             raise ConfigError(f"credit must be 'final' or 'per_call', got {self.credit!r}")
+        if self.warm_start is not None and not isinstance(self.warm_start, WarmStart | Teacher):
+            raise ConfigError(
+                "GRPOConfig.warm_start must be an agl.WarmStart(...), an agl.Teacher(...) or None, "
+                f"got a {type(self.warm_start).__name__}"
+            )
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
 
