@@ -11,6 +11,7 @@ included) are re-rendered in the student's chat template with the tools the agen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -142,8 +143,9 @@ def samples_from_traces(tokenizer: Any, traces: TeacherTraces) -> list[Sample]:
     from agl.algorithm.sft.samples import samples_from_messages
 
     out: list[Sample] = []
-    for messages, tools in zip(traces.conversations, traces.tools, strict=True):
-        out += samples_from_messages(tokenizer, [messages], tools)
+    for n, (messages, tools) in enumerate(zip(traces.conversations, traces.tools, strict=True)):
+        made = samples_from_messages(tokenizer, [messages], tools)
+        out += [dataclasses.replace(s, rollout_id=f"teacher-trace-{n}") for s in made]
     return out
 
 
