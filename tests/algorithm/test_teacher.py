@@ -25,7 +25,7 @@ from agl.adapter import llm_calls
 from agl.algorithm import teacher as teacher_module
 from agl.algorithm.grpo import GRPO, GRPOConfig, WarmStart
 from agl.algorithm.grpo import algorithm as grpo_module
-from agl.algorithm.sft import SFT, SFTConfig, export_jsonl
+from agl.algorithm.sft import SFT, SFTConfig, export_jsonl, samples_from_store
 from agl.errors import ConfigError
 from agl.gateway.config import UpstreamConfig
 from agl.gateway.upstreams import UpstreamPool
@@ -302,6 +302,15 @@ def test_a_local_teacher_folder_is_served_by_fit_on_its_own_engine(tmp_path: Pat
     assert all(str(c.attributes[sc.LLM_BACKEND]).startswith("teacher:") for c in teacher_calls)
     student = by_mode["train"] + by_mode["val"]
     assert student and not any(str(c.attributes[sc.LLM_BACKEND]).startswith("teacher:") for c in student)
+
+    # an offline SFT over this store later takes the student's rollouts, never the teacher's token ids
+    async def offline() -> Any:
+        async with SqliteLightningStore(out / "store.db") as store:
+            return await samples_from_store(store)
+
+    selected = {s.rollout_id for s in asyncio.run(offline()).samples}
+    teacher_ids = {r.rollout_id for r in rollouts if r.mode.startswith("teacher")}
+    assert selected and teacher_ids and not selected & teacher_ids
     # no tools declared: the exported lines are plain chat
     lines = [json.loads(x) for x in (out / "teacher_traces.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(

@@ -305,7 +305,7 @@ class SFT(Algorithm):
             raise ConfigError(selection.explain(str(cfg.from_store)))
         out = Path(ctx.output_dir)
         if cfg.export_jsonl:
-            export_jsonl(selection.conversations, out / "sft-from-store.jsonl")
+            export_jsonl(selection.conversations, out / "sft-from-store.jsonl", tools=selection.tools)
         self.policy = await run_compute(Policy, self.policy_config(), LossConfig())
         serving = ctx.llm is not None and ctx.engines is not None
         best = BestExport(
