@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl.adapter import Sample, final_reward, llm_calls, to_messages
 from agl.algorithm.base import TrainingContext, evaluate
+from agl.algorithm.health import rollout_failures, shorten
 from agl.algorithm.spec import TeacherSpec
 from agl.errors import ConfigError
 from agl.schemas import Rollout
@@ -201,8 +202,10 @@ async def collect_traces(
     spans = {r.rollout_id: s for r, s in done}
     kept = select_rollouts(rollouts, spans, min_reward=teacher.min_reward, top_k_per_task=teacher.top_k)
     rewards = [final_reward(spans[r.rollout_id]) or 0.0 for r in rollouts]
+    failures = await rollout_failures(ctx.store, rollouts, spans)
     counts = {
         "teacher_rollouts": float(len(rollouts)),
+        "teacher_failed": float(failures.failed),
         "teacher_kept": float(len(kept)),
         "teacher_train_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
     }
@@ -214,8 +217,13 @@ async def collect_traces(
         resources_id,
     )
     if not traces.conversations:
+        failed = (
+            f", {failures.failed} failed (the first: {shorten(failures.first_error, 300)})"
+            if failures.failed
+            else ""
+        )
         raise ConfigError(
-            f"the teacher's {len(rollouts)} rollouts on {len(tasks)} train tasks kept none "
+            f"the teacher's {len(rollouts)} rollouts on {len(tasks)} train tasks kept none{failed} "
             f"(Teacher(min_reward={teacher.min_reward}, top_k={teacher.top_k}); mean reward "
             f"{counts['teacher_train_reward']:.3f}): lower min_reward, raise samples_per_task, or check that "
             "the agent reaches the teacher (its rollouts have mode 'teacher' in the store)"

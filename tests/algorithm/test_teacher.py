@@ -87,9 +87,9 @@ class ScriptedTeacher:
             def log_message(self, *args: Any) -> None:
                 return None
 
-            def _send(self, body: dict[str, Any]) -> None:
+            def _send(self, body: dict[str, Any], status: int = 200) -> None:
                 data = json.dumps(body).encode()
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -102,6 +102,9 @@ class ScriptedTeacher:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append(body)
                 outer.auth.append(self.headers.get("Authorization"))
+                if self.headers.get("Authorization") != "Bearer sk-teacher":
+                    self._send({"error": {"message": "Incorrect API key provided"}}, status=401)
+                    return
                 self._send(outer.reply(body))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -269,6 +272,18 @@ def test_an_endpoint_teacher_warm_starts_grpo_and_stays_out_of_its_groups(
     warm = WarmStart.from_jsonl(out / "teacher_traces.jsonl", steps=3, lr=1e-4)
     assert warm.tools == TOOLS and [list(c) for c in warm.conversations] == [x["messages"] for x in lines]
     assert (warm.steps, warm.lr) == (3, 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_teacher_whose_every_rollout_fails_stops_the_run_naming_the_error(
+    tmp_path: Path, scripted: ScriptedTeacher
+) -> None:
+    teacher = agl.Teacher(scripted.url, model="stub-teacher", api_key="sk-wrong", samples_per_task=1)
+    config = GRPOConfig(model_path=str(tiny_model()), steps=0, warm_start=teacher, export_model=False)
+    trainer = agl.Trainer(algorithm=GRPO(config), n_runners=2, output_dir=str(tmp_path / "run"))
+    with pytest.raises(ConfigError, match=r"kept none, 2 failed \(the first: .*401.*Incorrect API key"):
+        trainer.fit(calculator_agent, ["good 1", "good 2"], [])
 
 
 @pytest.mark.slow
