@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "WarmStart": "agl.algorithm.grpo",
     "SFT": "agl.algorithm.sft",
     "SFTConfig": "agl.algorithm.sft",
+    "Teacher": "agl.algorithm.teacher",
     "TrainingContext": "agl.algorithm",
     "as_algorithm": "agl.algorithm",
     "APO": "agl.algorithm.apo",
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from agl.algorithm.apo import APO, APOConfig
     from agl.algorithm.grpo import GRPO, GRPOConfig, WarmStart
     from agl.algorithm.sft import SFT, SFTConfig
+    from agl.algorithm.teacher import Teacher
     from agl.emit import (
         agent_scope,
         emit_annotation,
@@ -136,6 +138,7 @@ __all__ = [
     "Span",
     "SqliteLightningStore",
     "SyncLightningStore",
+    "Teacher",
     "Trainer",
     "TrainingContext",
     "WarmStart",

@@ -41,6 +41,7 @@ EXPORTED = [
     "Span",
     "SqliteLightningStore",
     "SyncLightningStore",
+    "Teacher",
     "Trainer",
     "TrainingContext",
     "WarmStart",

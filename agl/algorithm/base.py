@@ -89,6 +89,8 @@ class TrainingContext:
         model_version: the weights version the engines serve now; ``publish_policy`` advances it.
         tools: the tool schemas the agent declares, for rendering conversations as the agent sees them
             (SFT's warm start).
+        teacher_llm: the LLM resource that reaches the teacher (``ModelSpec.teacher``) through the same
+            gateway; None when the algorithm declares none.
     """
 
     store: LightningStore
@@ -100,6 +102,7 @@ class TrainingContext:
     gateway: Gateway | None = None
     model_version: str = "v0"
     tools: list[dict[str, Any]] | None = None
+    teacher_llm: LLM | None = None
 
     async def publish(self, resources: dict[str, Resource], **metadata: Any) -> str:
         """Store a new resources version (rollouts enqueued with its id run with it); returns the id."""

@@ -47,18 +47,41 @@ class AdapterSpec:
 class TeacherSpec:
     """A second model served alongside the trained one and never updated (e.g. a distillation teacher).
 
+    Either a local folder fit serves with its own built-in engine (``path``), or an OpenAI-compatible
+    ``endpoint`` fit puts behind the same gateway; agents call either by ``model`` through the gateway,
+    so their calls are recorded like the student's.
+
     Args:
-        path: its local Hugging Face folder.
+        path: its local Hugging Face folder (served under the model name ``model``, default ``"teacher"``).
         precision: ``"auto"``, ``"fp32"`` or ``"bf16"`` (see :mod:`agl.compute.precision`).
-        engine: what serves it (``agl.engines.BuiltinEngine`` / ``VllmEngine``); None: the trainer's engine.
+        engine: what serves ``path`` (``agl.engines.BuiltinEngine``); None: the built-in engine.
+        endpoint: an OpenAI-compatible base URL (``https://.../v1``) instead of ``path``.
+        model: the model name agents send (the endpoint's own model name with ``endpoint``).
+        api_key: sent to ``endpoint`` as a bearer token (never recorded).
     """
 
-    path: str
+    path: str | None = None
     precision: Precision = "auto"
     engine: EngineSpec | None = None
+    endpoint: str | None = None
+    model: str = "teacher"
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        _check_name(self.path, "TeacherSpec.path")
+        if (self.path is None) == (self.endpoint is None):
+            raise ConfigError(
+                "TeacherSpec needs exactly one of path (a local model folder) and endpoint (an "
+                f"OpenAI-compatible URL), got path={self.path!r}, endpoint={self.endpoint!r}"
+            )
+        if self.path is not None:
+            _check_name(self.path, "TeacherSpec.path")
+        if self.endpoint is not None and (
+            not isinstance(self.endpoint, str) or not self.endpoint.startswith(("http://", "https://"))
+        ):
+            raise ConfigError(f"TeacherSpec.endpoint must be an http(s) URL, got {self.endpoint!r}")
+        _check_name(self.model, "TeacherSpec.model")
+        if self.model == "policy":
+            raise ConfigError("TeacherSpec.model 'policy' is the trained model's endpoint name: pick another")
         _check_precision(self.precision, "TeacherSpec.precision")
         from agl.engines.launch import BuiltinEngine, VllmEngine
 
@@ -82,8 +105,7 @@ class ModelSpec:
             placement is ``Trainer(serving=agl.Serving(engine=...))``'s.
         adapters: one LoRA adapter per agent on the shared base: agent name -> :class:`AdapterSpec`
             (each with its own rank, so ``lora_rank`` stays 0). Declared here; fit does not serve it yet.
-        teacher: a frozen model served alongside (:class:`TeacherSpec`). Declared here; fit does not
-            serve it yet.
+        teacher: a frozen model fit serves alongside, behind the same gateway (:class:`TeacherSpec`).
     """
 
     path: str

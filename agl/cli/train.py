@@ -193,14 +193,18 @@ def build(hint: Any, value: Any, where: str) -> Any:
     from pydantic import BaseModel, ConfigDict, PydanticUserError, TypeAdapter, ValidationError
 
     targets = _structured(hint)
+    if value is None and targets and type(None) in typing.get_args(hint):  # warm_start: null
+        return None
     if isinstance(value, dict) and targets:
         fields: dict[str, Field] = {}
         for target in targets:  # a union of several: keys of any member
             fields.update(fields_of(target) or {})
         check_keys(value, fields, where)
-        target = targets[0]
-        if len(targets) == 1 and dataclasses.is_dataclass(target) and isinstance(target, type):
-            return construct(target, build_kwargs(fields, value, where), where)
+        # a union of dataclasses (WarmStart | Teacher): the first member that takes these keys
+        taking = [t for t in targets if _takes(t, value)] if len(targets) > 1 else []
+        target = taking[0] if taking else targets[0]
+        if (len(targets) == 1 or taking) and dataclasses.is_dataclass(target) and isinstance(target, type):
+            return construct(target, build_kwargs(fields_of(target) or {}, value, where), where)
         if len(targets) == 1 and issubclass(target, BaseModel):
             hint = target
     try:
@@ -209,10 +213,21 @@ def build(hint: Any, value: Any, where: str) -> Any:
         adapter = TypeAdapter(hint)
     try:
         return adapter.validate_python(value)
+    except PydanticUserError:  # a union member pydantic cannot build from this value
+        names = " or ".join(t.__name__ for t in targets) or str(hint)
+        raise ConfigProblem(f"{where}: expected the keys of {names}, got {value!r}") from None
     except ValidationError as exc:
         raise _pydantic_problem(exc, where) from exc
     except (ConfigError, ValueError, TypeError) as exc:
         raise ConfigProblem(f"{where}: {exc}") from exc
+
+
+def _takes(target: Any, value: Mapping[str, Any]) -> bool:
+    """Whether the dataclass ``target`` has every key of ``value`` and gets all its required fields."""
+    if not (dataclasses.is_dataclass(target) and isinstance(target, type)):
+        return False
+    fields = fields_of(target) or {}
+    return all(k in fields for k in value) and all(k in value for k, f in fields.items() if f.required)
 
 
 def build_kwargs(fields: Mapping[str, Field], value: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -55,6 +55,11 @@ class UpstreamPool:
         """Replicas serving ``model`` and ``api``, in the order to try them: healthy ones first (sticky by
         ``key``), unhealthy ones last."""
         pool = [r for r in self.replicas if r.serves(model, api)]
+        # a replica naming the model wins over those serving any model (a teacher beside the policy);
+        # a call naming no model goes to the catch-all ones
+        named = [r for r in pool if r.config.models is not None and model in r.config.models]
+        catch_all = [r for r in pool if r.config.models is None]
+        pool = named or (catch_all if model is None and catch_all else pool)
         if key is not None:
             pool.sort(key=lambda r: r.score(key), reverse=True)
         else:

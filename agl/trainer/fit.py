@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from agl.agent.base import LitAgent
 from agl.algorithm.base import Algorithm, AlgorithmFn, TrainingContext
-from agl.algorithm.spec import ModelSpec
+from agl.algorithm.spec import ModelSpec, TeacherSpec
 from agl.errors import ConfigError
 from agl.runner.runner import Runner
 from agl.schemas import LLM, Resource
@@ -25,6 +25,7 @@ from agl.trainer.serving import Serving
 
 if TYPE_CHECKING:
     from agl.engines.launch import Placer
+    from agl.gateway.config import UpstreamConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def served_model(algorithm: object) -> ModelSpec | None:
 
     Raises:
         ConfigError: ``model_spec()`` returned no ``ModelSpec``, or the spec declares what fit does not
-            serve yet (``adapters`` per agent, a ``teacher``).
+            serve yet (``adapters`` per agent); NotImplementedError: a local teacher on vLLM.
     """
     if not isinstance(algorithm, Algorithm):
         return None
@@ -81,11 +82,15 @@ def served_model(algorithm: object) -> ModelSpec | None:
             "which Trainer.fit does not serve yet: it serves one base model with at most one adapter "
             "(ModelSpec.lora_rank)"
         )
-    if spec.teacher is not None:
-        raise ConfigError(
-            f"{owner} declares ModelSpec.teacher ({spec.teacher.path}), which Trainer.fit does not serve yet: "
-            "it serves only the trained model"
-        )
+    if spec.teacher is not None and spec.teacher.path is not None:
+        from agl.engines.launch import VllmEngine
+
+        if isinstance(spec.teacher.engine, VllmEngine):
+            raise NotImplementedError(
+                f"{owner} declares a teacher ({spec.teacher.path}) served by vLLM, which Trainer.fit does not "
+                "do yet: leave TeacherSpec.engine None (the built-in engine), or serve it yourself and pass "
+                "its URL as the teacher's endpoint"
+            )
     return spec
 
 
@@ -226,11 +231,14 @@ async def _serve_model(
         placer=placer,
     )
     stack.callback(engines.stop)
+    upstreams = list(engines.upstreams)
+    if model.teacher is not None:
+        upstreams.append(await _teacher_upstream(stack, model.teacher, work_dir, placer))
     settings = trainer.serving
     client_token = gateway_client_token(settings)
     gateway = Gateway(
         store,
-        engines.upstreams,
+        upstreams,
         host=settings.host,
         port=settings.port,
         token=settings.admin_token or secrets.token_urlsafe(24),
@@ -245,5 +253,32 @@ async def _serve_model(
         sampling_parameters=dict(trainer.serving.sampling),
     )
     ctx.llm, ctx.flush, ctx.model_path = llm, gateway.flush, model.path
+    if model.teacher is not None:  # the same gateway, so teacher calls are recorded like the student's
+        ctx.teacher_llm = llm.model_copy(update={"model": model.teacher.model})
     ctx.engines, ctx.gateway = engines, gateway
     return ctx
+
+
+async def _teacher_upstream(
+    stack: contextlib.AsyncExitStack, teacher: TeacherSpec, work_dir: Path, placer: Placer | None
+) -> UpstreamConfig:
+    """The gateway's upstream for the teacher, under its own model name: its endpoint, or a frozen
+    built-in engine fit starts for its folder (stopped with the rest)."""
+    from agl.engines.launch import start_engines
+    from agl.gateway.config import UpstreamConfig
+
+    if teacher.endpoint is not None:
+        return UpstreamConfig(
+            url=teacher.endpoint, kind="openai", api_key=teacher.api_key, models=[teacher.model]
+        )
+    assert teacher.path is not None
+    served = await start_engines(
+        teacher.engine,
+        teacher.path,
+        precision=teacher.precision,
+        work_dir=work_dir / "teacher",
+        placer=placer,
+    )
+    stack.callback(served.stop)
+    upstream = served.upstreams[0]
+    return upstream.model_copy(update={"models": [teacher.model], "name": f"teacher:{upstream.backend}"})

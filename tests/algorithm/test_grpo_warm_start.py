@@ -21,7 +21,7 @@ def test_warm_start_trains_and_restores_the_grpo_learning_rate() -> None:
 
     path = str(tiny_model())
     config = GRPOConfig(model_path=path, lr=1e-6, warm_start=WarmStart([CONVERSATION], steps=6, lr=3e-2))
-    assert config.warm_start is not None
+    assert isinstance(config.warm_start, WarmStart)
     policy = Policy(PolicyConfig(model_path=path, lr=config.lr), config.loss)
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     rows = train_warm_start(policy, config.warm_start)

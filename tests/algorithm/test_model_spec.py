@@ -18,7 +18,7 @@ import agl
 from agl.algorithm import AdapterSpec, ModelSpec, TeacherSpec
 from agl.algorithm.apo import APO, APOConfig
 from agl.algorithm.base import Algorithm, TrainingContext
-from agl.engines import BuiltinEngine, VllmEngine
+from agl.engines import VllmEngine
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.schemas import LLM, ModelWeights
@@ -155,10 +155,6 @@ def test_a_wrong_field_fails_by_name(make: Any, message: str) -> None:
             r"Declares.model_spec\(\) declares ModelSpec.adapters \(one LoRA adapter per agent: planner\), "
             "which Trainer.fit does not serve yet",
         ),
-        (
-            ModelSpec("/m", teacher=TeacherSpec("/t", engine=BuiltinEngine())),
-            r"declares ModelSpec.teacher \(/t\), which Trainer.fit does not serve yet",
-        ),
         ("/m", r"Declares.model_spec\(\) must return an agl.ModelSpec or None, got a str"),
     ],
 )
@@ -196,3 +192,25 @@ def test_fit_serves_the_model_a_custom_algorithm_declares(tmp_path: Path) -> Non
     seen = algorithm.seen
     assert seen["model_path"] == path and seen["precision"] == "bf16" and seen["llm_model"] == "policy"
     assert seen["weights"] == ModelWeights(uri=path, version="v0")
+
+
+def test_fit_refuses_a_vllm_teacher_before_anything_starts(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    spec = ModelSpec("/m", teacher=TeacherSpec("/t", engine=VllmEngine()))
+    with pytest.raises(NotImplementedError, match=r"declares a teacher \(/t\) served by vLLM"):
+        agl.Trainer(algorithm=Declares(spec), n_runners=1, output_dir=str(out)).fit(echo_agent, [1])
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: TeacherSpec(), "exactly one of path"),
+        (lambda: TeacherSpec("/t", endpoint="http://x/v1"), "exactly one of path"),
+        (lambda: TeacherSpec(endpoint="ftp://x"), "TeacherSpec.endpoint must be an http"),
+        (lambda: TeacherSpec("/t", model="policy"), "TeacherSpec.model 'policy'"),
+    ],
+)
+def test_a_teacher_spec_is_a_folder_or_an_endpoint(make: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make()

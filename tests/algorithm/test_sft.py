@@ -15,6 +15,7 @@ from agl.algorithm.policy.logprobs import token_logprobs
 from agl.algorithm.policy.loss import LossConfig
 from agl.algorithm.policy.model import Policy, PolicyConfig, collate, sft_loss
 from agl.algorithm.sft import SFT, SFTConfig, export_jsonl, samples_from_messages, select_rollouts
+from agl.algorithm.sft.samples import conversations_from_spans, tools_from_spans
 from agl.engines.builtin.prompts import render_chat_text
 from agl.models import tiny_model
 from agl.schemas import Rollout, RolloutStatus, Span
@@ -154,6 +155,22 @@ def test_export_openai_jsonl(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert lines[0]["messages"][2]["tool_calls"][0]["function"]["name"] == "calculator"
     assert lines[1]["messages"][-1]["content"] == "Answer: 7"
+
+
+def test_each_exported_conversation_carries_the_tools_its_agent_declared(tmp_path: Path) -> None:
+    def call(rid: str, tools: list[dict] | None) -> Span:  # type: ignore[type-arg]
+        request = {"messages": [{"role": "user", "content": "q"}], **({"tools": tools} if tools else {})}
+        reply = {"role": "assistant", "content": "a"}
+        attrs = {sc.LLM_API: "chat.completions", sc.LLM_REQUEST: request, sc.LLM_RESPONSE_MESSAGE: reply}
+        return Span.new(rid, "at", sc.SPAN_LLM_CALL, {**attrs, sc.LLM_REQUEST_MESSAGES: request["messages"]})
+
+    rollouts = [_rollout("a", "g1"), _rollout("b", "g2")]
+    spans = {"a": [call("a", TOOLS)], "b": [call("b", None)]}
+    path = tmp_path / "sft.jsonl"
+    export_jsonl(conversations_from_spans(rollouts, spans), path, tools=tools_from_spans(rollouts, spans))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["tools"] == TOOLS and "tools" not in lines[1]
+    assert lines[1]["messages"] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+import agl
 from agl.cli import app
 from agl.cli.train import ConfigProblem, apply_override, load_config_file, make_trainer, merge, plan
 
@@ -168,6 +169,34 @@ def test_apo_builds_its_llm_endpoints_and_keeps_their_keys_out_of_the_saved_conf
         ConfigProblem, match=r"unknown key apo.critic.modle \(did you mean apo.critic.model\?\)"
     ):
         plan(merge(None, {"algorithm": "apo"}, ["apo.critic={endpoint: x, modle: m}"]))
+
+
+def test_a_teacher_warm_start_comes_from_the_config_and_keeps_its_key_out_of_it() -> None:
+    teacher = "{endpoint: 'http://127.0.0.1:9/v1', model: big, api_key: sk-secret, samples_per_task: 2}"
+    run = plan(merge(None, {"algorithm": "grpo"}, ["grpo.model_path=m", f"grpo.warm_start={teacher}"]))
+    warm = run.algorithm_config.warm_start
+    assert isinstance(warm, agl.Teacher) and (warm.model, warm.samples_per_task, warm.api_key) == (
+        "big",
+        2,
+        "sk-secret",
+    )
+    assert run.resolved["grpo"]["warm_start"]["api_key"] is None
+    run = plan(merge(None, {"algorithm": "sft"}, ["sft.model_path=m", "sft.teacher={path: /models/big}"]))
+    assert run.algorithm_config.teacher == agl.Teacher(path="/models/big")
+    assert (
+        plan(
+            merge(None, {"algorithm": "grpo"}, ["grpo.model_path=m", "grpo.warm_start=null"])
+        ).algorithm_config.warm_start
+        is None
+    )
+    with pytest.raises(ConfigProblem, match="grpo.warm_start: Teacher\\(endpoint=...\\) needs model="):
+        plan(
+            merge(
+                None,
+                {"algorithm": "grpo"},
+                ["grpo.model_path=m", "grpo.warm_start={endpoint: 'http://h/v1'}"],
+            )
+        )
 
 
 def test_from_store_sets_sfts_offline_field_and_needs_no_train_file() -> None:

@@ -393,7 +393,9 @@ def test_a_rollouts_duration_runs_from_its_first_attempts_start_to_its_end(
         assert r["duration_s"] == pytest.approx(expected)
         assert listed[rollout_id]["duration_s"] == pytest.approx(expected)
         assert searched[rollout_id]["duration_s"] == pytest.approx(expected)
-        assert r["duration_s"] == pytest.approx(r["ended_at"] - r["started_at"], abs=0.05)  # claimed is started
+        assert r["duration_s"] == pytest.approx(
+            r["ended_at"] - r["started_at"], abs=0.05
+        )  # claimed is started
     assert listed[filled.queued]["duration_s"] is None  # not ended
 
 

@@ -29,6 +29,7 @@ from agl.algorithm.grpo.judging import judge_evaluation, judge_step
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
 from agl.algorithm.spec import ModelSpec
+from agl.algorithm.teacher import Teacher, teach
 from agl.compute.memory import step_peaks
 from agl.compute.thread import run_compute
 from agl.errors import ConfigError
@@ -50,6 +51,7 @@ class GRPO(Algorithm):
         self.version = "v0"  # the engine's weights version (the latest one published)
         self.initial_val: float | None = None  # skip the first validation when already known
         self.warm_start_history: list[dict[str, float]] = []
+        self.teacher_counts: dict[str, float] = {}  # a Teacher warm start's rollouts, kept ones, samples
         self.learning = LearningCheck()  # warns once per run when nothing can be learned
         self.baseline_failures = Failures(0, 0)
         self.val_failures_after = Failures(0, 0)  # the latest validation's
@@ -57,7 +59,14 @@ class GRPO(Algorithm):
     def model_spec(self) -> ModelSpec:
         """The base model fit serves, with the LoRA rank, precision and device the policy trains with."""
         cfg = self.config
-        return ModelSpec(cfg.model_path, lora_rank=cfg.lora_rank, precision=cfg.precision, device=cfg.device)
+        teacher = cfg.warm_start.spec() if isinstance(cfg.warm_start, Teacher) else None
+        return ModelSpec(
+            cfg.model_path,
+            lora_rank=cfg.lora_rank,
+            precision=cfg.precision,
+            device=cfg.device,
+            teacher=teacher,
+        )
 
     async def _resume(self, ctx: TrainingContext, checkpoint: Path) -> int:
         """Load weights and optimizer from ``checkpoint`` (``run`` pushes them to the engine); returns the next step."""
@@ -98,20 +107,36 @@ class GRPO(Algorithm):
         return published.resources_id
 
     async def _warm_start(
-        self, ctx: TrainingContext, val: Sequence[Any], resources_id: str, phases: dict[str, float]
+        self,
+        ctx: TrainingContext,
+        train: Sequence[Any],
+        val: Sequence[Any],
+        resources_id: str,
+        phases: dict[str, float],
     ) -> str:
-        """Held-out reward of the base model, the SFT warm start, the new weights published and measured."""
-        assert self.config.warm_start is not None
+        """Held-out reward of the base model, the SFT warm start (on the given conversations, or on the
+        teacher's kept rollouts, whose own score goes to ``phases["teacher"]``), the new weights
+        published and measured."""
+        warm = self.config.warm_start
+        assert warm is not None
         phases["base"] = (
             self.initial_val
             if self.initial_val is not None
             else (await self._baseline(ctx, val, resources_id))[0]
         )
-        self.warm_start_history = await run_compute(train_warm_start, self.policy, self.config.warm_start)
+        if isinstance(warm, Teacher):
+            self.warm_start_history, self.teacher_counts = await teach(
+                ctx, warm, self.policy, train, val, phases, timeout_s=self.config.rollout_timeout_s
+            )
+        else:
+            self.warm_start_history = await run_compute(train_warm_start, self.policy, warm)
         resources_id = await self._publish(ctx, self.policy)
         phases["after_warm_start"] = await self.evaluate(ctx, val, resources_id)
         log.info(
-            "held-out reward: base %.3f, after warm start %.3f", phases["base"], phases["after_warm_start"]
+            "held-out reward: %sbase %.3f, after warm start %.3f",
+            f"teacher {phases['teacher']:.3f}, " if "teacher" in phases else "",
+            phases["base"],
+            phases["after_warm_start"],
         )
         return resources_id
 
@@ -174,7 +199,7 @@ class GRPO(Algorithm):
         self.learning, self.baseline_failures = LearningCheck(), Failures(0, 0)
         self.val_failures_after = Failures(0, 0)
         if cfg.warm_start is not None and checkpoint is None:
-            resources_id = await self._warm_start(ctx, val, resources_id, phases)
+            resources_id = await self._warm_start(ctx, train, val, resources_id, phases)
         val_before = (
             phases["after_warm_start"]
             if "after_warm_start" in phases
@@ -205,6 +230,10 @@ class GRPO(Algorithm):
             best=best,
         )
         metrics.close()
+        log.info(
+            "held-out reward: %s",
+            ", ".join(f"{k} {v:.3f}" for k, v in {**phases, "after_grpo": val_after}.items()),
+        )
         exported = await export_trained(
             self.policy, cfg, out, best=best, info={"algorithm": "GRPO", "steps": cfg.steps}
         )
@@ -218,6 +247,7 @@ class GRPO(Algorithm):
             "history": self.history,
             "phases": {**phases, "after_grpo": val_after},
             "warm_start": self.warm_start_history,
+            **({"teacher": self.teacher_counts} if self.teacher_counts else {}),
             **exported,  # model_path, best_model_path, adapter_path
         }
 

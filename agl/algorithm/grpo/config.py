@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 from agl.algorithm.grpo.advantages import BASELINES, Baseline, StdScale, std_scale
 from agl.algorithm.grpo.warm_start import WarmStart
 from agl.algorithm.policy.loss import LossConfig
+from agl.algorithm.teacher import Teacher
 from agl.compute.memory import check_settings
 from agl.compute.precision import Precision, check_precision
 from agl.errors import ConfigError
@@ -61,7 +62,9 @@ class GRPOConfig:
     call_reward_weight: float = 1.0  # per_call: a call's return = final reward + weight * its own reward
     # scores the rollouts that return no reward, a group per call (agl.rewards.Judge, agl/algorithm/grpo/judging.py)
     judge: Judge | None = None
-    warm_start: WarmStart | None = None  # SFT on known-good conversations before the first GRPO step
+    # SFT before the first GRPO step: on known-good conversations (WarmStart), or on a stronger model's
+    # best rollouts of the train tasks (agl.Teacher, which fit serves beside the policy)
+    warm_start: WarmStart | Teacher | None = None
     loss: LossConfig = field(default_factory=LossConfig)
     kl_coef: float = 0.0
     eval_every: int = 5
@@ -142,6 +145,11 @@ class GRPOConfig:
         if self.judge is not None and not isinstance(self.judge, Judge):
             raise ConfigError(
                 f"GRPOConfig(judge=...) must be an agl.rewards.Judge, got {type(self.judge).__name__}"
+            )
+        if self.warm_start is not None and not isinstance(self.warm_start, WarmStart | Teacher):
+            raise ConfigError(
+                "GRPOConfig.warm_start must be an agl.WarmStart(...), an agl.Teacher(...) or None, "
+                f"got a {type(self.warm_start).__name__}"
             )
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))

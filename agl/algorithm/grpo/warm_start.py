@@ -8,9 +8,9 @@ runs it inside ``GRPO.run`` and reports held-out reward before and after it (``r
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agl.errors import ConfigError
@@ -43,31 +43,35 @@ class WarmStart:
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"WarmStart lr must be > 0, got {self.lr}")
 
+    @classmethod
+    def from_jsonl(cls, path: str | Path, **schedule: Any) -> WarmStart:
+        """The conversations and tools of an OpenAI chat JSONL file (``{"messages": [...], "tools":
+        [...]}`` per line, as ``OUT/teacher_traces.jsonl``), with ``schedule`` (steps, batch_size, lr, seed).
+
+        Raises:
+            ConfigError: the file holds no conversation, a malformed line, or lines with other tools.
+        """
+        from agl.algorithm.teacher import read_jsonl
+
+        if "conversations" in schedule or "tools" in schedule:
+            raise ConfigError("WarmStart.from_jsonl reads conversations and tools from the file")
+        conversations, tools = read_jsonl(path)
+        if not conversations:
+            raise ConfigError(f"WarmStart.from_jsonl: {path} holds no conversation")
+        return cls(conversations, tools, **schedule)
+
 
 def train_warm_start(policy: Any, warm: WarmStart) -> list[dict[str, float]]:
     """Blocking: ``warm.steps`` SFT steps on ``policy`` (random batches of the conversations' turns)."""
     from agl.algorithm.sft.samples import samples_from_messages
+    from agl.algorithm.teacher import sft_steps
 
     samples = samples_from_messages(policy.tokenizer, list(warm.conversations), warm.tools)
     if not samples:
         raise ConfigError("WarmStart conversations have no assistant turn to train on")
-    groups = policy.optimizer.param_groups
-    saved = [g["lr"] for g in groups]
-    if warm.lr is not None:
-        for g in groups:
-            g["lr"] = warm.lr
-    rng = random.Random(warm.seed)
-    rows = []
-    try:
-        for step in range(1, warm.steps + 1):
-            batch = rng.sample(samples, min(warm.batch_size, len(samples)))
-            row = {"warm_start_step": float(step), **policy.sft_step(batch)}
-            log.info("warm start step %d/%d: loss %.3f", step, warm.steps, row["sft_loss"])
-            rows.append(row)
-    finally:
-        for g, lr in zip(groups, saved, strict=True):
-            g["lr"] = lr
-    return rows
+    return sft_steps(
+        policy, samples, steps=warm.steps, batch_size=warm.batch_size, lr=warm.lr, seed=warm.seed
+    )
 
 
 __all__ = ["WarmStart", "train_warm_start"]

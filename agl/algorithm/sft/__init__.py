@@ -10,6 +10,7 @@ from agl.algorithm.sft.samples import (
     samples_from_messages,
     samples_from_spans,
     select_rollouts,
+    tools_from_spans,
 )
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "samples_from_spans",
     "samples_from_store",
     "select_rollouts",
+    "tools_from_spans",
     "train_from_store",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import random
 from collections.abc import AsyncIterator, Sequence
@@ -30,11 +31,15 @@ from agl.algorithm.sft.samples import (
     samples_from_messages,
     samples_from_spans,
     select_rollouts,
+    tools_from_spans,
 )
 from agl.algorithm.spec import ModelSpec
+from agl.algorithm.teacher import Teacher, teach
 from agl.compute.memory import step_peaks
 from agl.compute.thread import run_compute
 from agl.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class SFT(Algorithm):
@@ -45,12 +50,17 @@ class SFT(Algorithm):
         self.policy: Any = None
         self.history: list[dict[str, float]] = []
         self.best: BestExport | None = None
+        self.teacher_rows: list[dict[str, float]] = []
+        self.teacher_counts: dict[str, float] = {}
 
     def model_spec(self) -> ModelSpec:
         """The base model fit serves (offline too, to score ``val`` before and after), with the LoRA rank
         and precision the policy trains with; SFT trains on the CPU."""
         cfg = self.config
-        return ModelSpec(cfg.model_path, lora_rank=cfg.lora_rank, precision=cfg.precision, device="cpu")
+        teacher = cfg.teacher.spec() if cfg.teacher is not None else None
+        return ModelSpec(
+            cfg.model_path, lora_rank=cfg.lora_rank, precision=cfg.precision, device="cpu", teacher=teacher
+        )
 
     def policy_config(self) -> Any:
         """The trainer-side policy's settings (a :class:`~agl.algorithm.policy.PolicyConfig`) from this config."""
@@ -116,6 +126,9 @@ class SFT(Algorithm):
         if ctx.llm is None or ctx.engines is None:
             raise ConfigError("SFT trains a local model: run it through Trainer.fit, which serves the model")
         self.policy = await run_compute(Policy, self.policy_config(), LossConfig())
+        phases: dict[str, float] = {}
+        if cfg.teacher is not None:  # before the ranks start: the teacher's steps run on this policy
+            await self._teach(ctx, cfg.teacher, train, val, phases)
         async with self.ranks():  # world_size > 1: every step on every rank (FSDP2 shards)
             rng = random.Random(cfg.seed)
             seed = []
@@ -123,9 +136,12 @@ class SFT(Algorithm):
                 seed = samples_from_messages(self.policy.tokenizer, list(warm_start), ctx.tools)
                 for start in range(0, len(seed), cfg.batch_size):
                     await run_compute(self.policy.sft_step, seed[start : start + cfg.batch_size])
-            resources_id = (await ctx.publish_policy(self.policy if warm_start else None)).resources_id
+            trained = bool(warm_start) or cfg.teacher is not None
+            resources_id = (await ctx.publish_policy(self.policy if trained else None)).resources_id
             baseline = await evaluate(ctx, val, resources_id, timeout_s=cfg.rollout_timeout_s)
             before, failures = baseline.score, baseline.failures
+            if cfg.teacher is not None:
+                phases["after_warm_start"] = before
             self._check(failures, "the baseline evaluation")
             after = before
             out = Path(ctx.output_dir)
@@ -151,8 +167,35 @@ class SFT(Algorithm):
             "val_reward_after": after,
             "warm_start_samples": len(seed),
             "history": self.history,
+            **(
+                {"phases": {**phases, "after_sft": after}, "teacher": self.teacher_counts}
+                if cfg.teacher is not None
+                else {}
+            ),
             **exported,  # model_path, best_model_path, adapter_path
         }
+
+    async def _teach(
+        self,
+        ctx: TrainingContext,
+        teacher: Teacher,
+        train: Sequence[Any],
+        val: Sequence[Any],
+        phases: dict[str, float],
+    ) -> None:
+        """The student's held-out base score, then the teacher's (``phases``), and SFT on its kept traces."""
+        timeout_s = self.config.rollout_timeout_s
+        if val:
+            phases["base"] = await self.evaluate(ctx, val, (await ctx.publish_policy()).resources_id)
+        self.teacher_rows, self.teacher_counts = await teach(
+            ctx, teacher, self.policy, train, val, phases, timeout_s=timeout_s
+        )
+        log.info(
+            "held-out reward: teacher %.3f, base %.3f; the student trained on %d teacher samples",
+            phases.get("teacher", float("nan")),
+            phases.get("base", float("nan")),
+            self.teacher_counts["teacher_samples"],
+        )
 
     def _check(self, failures: Failures, where: str) -> None:
         check_not_all_failed(
@@ -209,6 +252,7 @@ class SFT(Algorithm):
                 export_jsonl(
                     conversations_from_spans(kept, spans),
                     Path(ctx.output_dir) / f"sft-iteration-{iteration}.jsonl",
+                    tools=tools_from_spans(kept, spans),
                 )
             samples = samples_from_spans(kept, spans)
             row: dict[str, float] = {
@@ -261,7 +305,7 @@ class SFT(Algorithm):
             raise ConfigError(selection.explain(str(cfg.from_store)))
         out = Path(ctx.output_dir)
         if cfg.export_jsonl:
-            export_jsonl(selection.conversations, out / "sft-from-store.jsonl")
+            export_jsonl(selection.conversations, out / "sft-from-store.jsonl", tools=selection.tools)
         self.policy = await run_compute(Policy, self.policy_config(), LossConfig())
         serving = ctx.llm is not None and ctx.engines is not None
         best = BestExport(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
+from agl.algorithm.teacher import Teacher
 from agl.compute.memory import check_settings
 from agl.compute.precision import Precision, check_precision
 from agl.errors import ConfigError
@@ -65,7 +66,10 @@ class SFTConfig:
     # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
     # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)
     share_prefixes: bool = True
-    export_jsonl: bool = True
+    export_jsonl: bool = True  # each iteration's kept conversations (with the agent's tools) as OpenAI JSONL
+    # a stronger model's best rollouts of the train tasks train the student first (agl.Teacher; fit serves
+    # it beside the policy); its held-out score is result["phases"]["teacher"]
+    teacher: Teacher | None = None
     # offline: train `epochs` passes on succeeded rollouts already in this store (a URL for open_store, or a
     # LightningStore) instead of generating any; chosen by min_reward/top_k_per_task, agent and finish time
     from_store: str | LightningStore | None = None
@@ -100,6 +104,14 @@ class SFTConfig:
             raise ConfigError(
                 f"SFTConfig(world_size={self.world_size}, sharding={self.sharding!r}): SFT over ranks shards "
                 "with FSDP2, so set world_size >= 2 with sharding=\"fsdp\", or world_size=1 with sharding='none'"
+            )
+        if self.teacher is not None and not isinstance(self.teacher, Teacher):
+            raise ConfigError(
+                f"SFTConfig.teacher must be an agl.Teacher(...) or None, got a {type(self.teacher).__name__}"
+            )
+        if self.teacher is not None and self.from_store is not None:
+            raise ConfigError(
+                "SFTConfig(teacher=...) runs the teacher on train tasks: it does not go with from_store"
             )
         since, until = parse_time(self.since, "since"), parse_time(self.until, "until")
         if since is not None and until is not None and since > until:

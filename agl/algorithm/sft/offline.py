@@ -17,7 +17,12 @@ from agl import semconv as sc
 from agl.adapter import Sample, final_reward
 from agl.algorithm.base import rollout_spans
 from agl.algorithm.sft.config import TimeBound, parse_time
-from agl.algorithm.sft.samples import conversations_from_spans, samples_from_spans, select_rollouts
+from agl.algorithm.sft.samples import (
+    conversations_from_spans,
+    samples_from_spans,
+    select_rollouts,
+    tools_from_spans,
+)
 from agl.errors import ConfigError
 from agl.schemas import Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore
@@ -34,6 +39,9 @@ class Selection:
 
     samples: list[Sample] = field(default_factory=list)
     conversations: list[list[dict[str, Any]]] = field(default_factory=list)
+    tools: list[list[dict[str, Any]] | None] = field(
+        default_factory=list
+    )  # each conversation's declared tools
     counts: dict[str, float] = field(default_factory=dict)
 
     def explain(self, source: str) -> str:
@@ -57,7 +65,8 @@ async def _succeeded(store: LightningStore) -> list[Rollout]:
     cursor = None
     while True:
         page = await store.query_rollouts(status=[RolloutStatus.SUCCEEDED], limit=PAGE, cursor=cursor)
-        out += page.items
+        # a teacher's rollouts carry another model's token ids: never the student's own samples
+        out += [r for r in page.items if not r.mode.startswith("teacher")]
         cursor = page.next_cursor
         if cursor is None:
             return out
@@ -108,6 +117,7 @@ async def samples_from_store(
             used.append(rollout)
             selection.samples += made
     selection.conversations = conversations_from_spans(used, spans)
+    selection.tools = tools_from_spans(used, spans)
     selection.counts = {
         "succeeded": float(len(rollouts)),
         "in_time_range": float(len(in_range)),

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agl import semconv as sc
 from agl.adapter import Sample, filter_calls, final_reward, llm_calls, to_messages, to_samples
 from agl.schemas import Rollout, RolloutStatus, Span
 
@@ -114,14 +115,45 @@ def samples_from_messages(
     return out
 
 
-def export_jsonl(conversations: Sequence[list[dict[str, Any]]], path: str | Path) -> int:
-    """Write OpenAI fine-tuning JSONL (``{"messages": [...]}`` per line, tool calls kept); returns lines written."""
+def export_jsonl(
+    conversations: Sequence[list[dict[str, Any]]],
+    path: str | Path,
+    *,
+    tools: Sequence[list[dict[str, Any]] | None] | None = None,
+) -> int:
+    """Write OpenAI fine-tuning JSONL (``{"messages": [...], "tools": [...]}`` per line, tool calls kept;
+    ``tools[i]`` is conversation i's declared tools, left out where None); returns lines written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    declared = list(tools) if tools is not None else [None] * len(conversations)
+    if len(declared) != len(conversations):
+        raise ValueError(
+            f"export_jsonl got {len(conversations)} conversations but {len(declared)} tool lists"
+        )
     with path.open("w") as f:
-        for messages in conversations:
-            f.write(json.dumps({"messages": messages}) + "\n")
+        for messages, its_tools in zip(conversations, declared, strict=True):
+            row: dict[str, Any] = {"messages": messages}
+            if its_tools:
+                row["tools"] = its_tools
+            f.write(json.dumps(row) + "\n")
     return len(conversations)
+
+
+def request_tools(spans: Sequence[Span]) -> list[dict[str, Any]] | None:
+    """The tools the agent declared in its last model call (the recorded request's ``tools``)."""
+    calls = llm_calls(list(spans))
+    for call in reversed(calls):
+        request = call.attributes.get(sc.LLM_REQUEST)
+        if isinstance(request, dict) and request.get("tools"):
+            return list(request["tools"])
+    return None
+
+
+def tools_from_spans(
+    rollouts: Sequence[Rollout], spans: dict[str, list[Span]]
+) -> list[list[dict[str, Any]] | None]:
+    """Each rollout's declared tools (its last model call's request ``tools``), None where it declared none."""
+    return [request_tools(spans[r.rollout_id]) for r in rollouts]
 
 
 def conversations_from_spans(
