@@ -1,0 +1,118 @@
+"""The calc demo's held-out accuracy in bf16 and fp32 over training seeds: base, after the warm start, after GRPO.
+
+Each (precision, seed) is one `python -m examples.calc.train --seed S` process under `/usr/bin/time -v`, with
+`AGL_PRECISION` set, run one after another so they never share the cores; the held-out split is the same for
+every seed (`--split-seed 0`). Reports per run the three accuracies, CPU seconds (user + system) and peak RSS,
+and per precision the mean and range.
+
+    python benchmarks/demo_precision.py                          # seeds 0,1,2 in bf16 and fp32 (~2 h on 2 cores)
+    python benchmarks/demo_precision.py --seeds 0 --precisions fp32 --model tiny   # a minute's smoke run
+    python benchmarks/demo_precision.py --logs DIR               # summarise runs already in DIR, run nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import _results  # noqa: E402
+
+PHASES = ("val_accuracy_before", "val_accuracy_after_sft", "val_accuracy_after")
+_TIME_FIELDS = {
+    "user_s": r"User time \(seconds\): ([\d.]+)",
+    "system_s": r"System time \(seconds\): ([\d.]+)",
+    "peak_rss_kb": r"Maximum resident set size \(kbytes\): (\d+)",
+    "exit_status": r"Exit status: (\d+)",
+}
+
+
+def run_one(out: Path, precision: str, seed: int, model: str) -> None:
+    """One demo run into ``out/calc-<precision>-s<seed>`` with its ``/usr/bin/time -v`` log beside it."""
+    run_dir = out / f"calc-{precision}-s{seed}"
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "examples.calc.train", "--seed", str(seed)]
+    command += ["--model", model, "--out", str(run_dir)]
+    env = {**os.environ, "AGL_PRECISION": precision}
+    with (out / f"calc-{precision}-s{seed}.log").open("w") as log:
+        subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, check=False, cwd=_results.ROOT)
+
+
+def read_run(out: Path, precision: str, seed: int) -> dict[str, Any]:
+    """One run's accuracies (its ``summary.json``) and resources (its ``/usr/bin/time -v`` log)."""
+    log = (out / f"calc-{precision}-s{seed}.log").read_text()
+    found = {k: re.search(p, log) for k, p in _TIME_FIELDS.items()}
+    missing = [k for k, m in found.items() if m is None]
+    if missing:
+        raise SystemExit(f"{out}/calc-{precision}-s{seed}.log has no /usr/bin/time -v lines {missing}")
+    times = {k: float(m.group(1)) for k, m in found.items() if m is not None}
+    if times["exit_status"] != 0:
+        raise SystemExit(f"the {precision} run of seed {seed} failed: see {out}/calc-{precision}-s{seed}.log")
+    summary = json.loads((out / f"calc-{precision}-s{seed}" / "summary.json").read_text())
+    return {
+        "precision": precision,
+        "seed": seed,
+        **{k: summary[k] for k in PHASES},
+        "cpu_s": round(times["user_s"] + times["system_s"], 1),
+        "peak_rss_gb": round(times["peak_rss_kb"] / 1024**2, 2),
+        "wall_time_s": summary.get("wall_time_s"),
+    }
+
+
+def spread(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
+    values = [float(r[key]) for r in runs]
+    return {"mean": round(statistics.fmean(values), 4), "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
+    parser.add_argument("--precisions", default="bf16,fp32", help="AGL_PRECISION values, comma-separated")
+    parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
+    parser.add_argument("--out", type=Path, default=Path("results/demo_precision"), help="the runs' folders")
+    parser.add_argument("--logs", type=Path, default=None, help="read runs already in DIR; run nothing")
+    parser.add_argument("--note", default="", help="what the runs were (kept in the result's summary)")
+    _results.add_arguments(parser)
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    precisions = args.precisions.split(",")
+    recorder = _results.Recorder("demo_precision", args)
+    out = args.logs or args.out
+    if args.logs is None:
+        out.mkdir(parents=True, exist_ok=True)
+        for seed in seeds:
+            for precision in precisions:
+                print(f"running seed {seed} in {precision}", flush=True)
+                run_one(out, precision, seed, args.model)
+    runs = [read_run(out, p, s) for p in precisions for s in seeds]
+    summary: dict[str, Any] = {"model": args.model, "seeds": seeds, "note": args.note}
+    for precision in precisions:
+        mine = [r for r in runs if r["precision"] == precision]
+        summary[precision] = {k: spread(mine, k) for k in (*PHASES, "cpu_s", "peak_rss_gb")}
+        print(
+            f"{precision}: held-out base {summary[precision]['val_accuracy_before']}, after warm start "
+            f"{summary[precision]['val_accuracy_after_sft']}, after GRPO {summary[precision]['val_accuracy_after']}"
+        )
+    for precision in precisions:
+        mine = [r for r in runs if r["precision"] == precision]
+        recorder.save(
+            metric="held-out accuracy after GRPO",
+            unit="share",
+            values=[r["val_accuracy_after"] for r in mine],
+            runs=mine,
+            summary=summary,
+            variant=f"{args.model}-{precision}",
+        )
+
+
+if __name__ == "__main__":
+    main()
