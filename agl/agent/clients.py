@@ -1,7 +1,7 @@
 """OpenAI clients for rollouts that share one connection pool per event loop.
 
 A new ``openai.AsyncOpenAI`` builds its own HTTP client, and with it an SSL context that loads the system's
-CA bundle: ~30 ms of CPU each (50 ms on a busy 2-core machine), paid on the runner's event loop by every
+CA bundle: CPU time for each, paid on the runner's event loop by every
 rollout that makes one, even for a plain-HTTP gateway. :func:`openai_client` hands a rollout a client for its
 own endpoint over a pool built once per event loop; closing that client leaves the pool open for the next
 rollout. Runners close the pool when the last of them on the loop stops (:func:`shared_pool_scope`).
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 @functools.cache
 def _shared_client_class() -> type[Any]:
-    """The pool's class, made on first use (importing openai takes a few hundred ms)."""
+    """The pool's class, made on first use (importing openai takes a while)."""
     import openai
 
     class SharedHttpClient(openai.DefaultAsyncHttpxClient):
@@ -65,7 +65,7 @@ def shared_http_client() -> openai.DefaultAsyncHttpxClient:
 
 def openai_client(llm: LLM, **options: Any) -> openai.AsyncOpenAI:
     """An ``openai.AsyncOpenAI`` for ``llm`` (its endpoint, and the gateway's token as the key) over the event
-    loop's shared connections: a fraction of a millisecond to make, where a fresh client costs ~30 ms of CPU.
+    loop's shared connections: next to nothing to make, where a fresh client loads the CA bundle again.
 
     ``options`` go to ``AsyncOpenAI`` (``max_retries``, ``timeout``, ...). Closing the client (or leaving an
     ``async with`` block) is allowed and leaves the shared pool open.

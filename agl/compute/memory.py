@@ -34,7 +34,7 @@ PROBE_TOKENS = 1024  # the first micro-batch of a run, measured to size the othe
 ENGINE_SHARE = 0.25  # of the budget, the built-in engine's KV cache (it shares the trainer's process)
 HEADROOM = 0.85  # size micro-batches for this share of the memory left under the budget
 # "auto" checkpointing on a CPU leaves micro-batches of up to this many tokens whole: without recompute they
-# peak about as high as the 2,048-token cap does with it, and their forward + backward runs ~20% faster
+# peak about as high as the 2,048-token cap does with it, and their forward + backward runs faster
 PLAIN_CPU_TOKENS = 1024
 
 MicroBatchTokens = int | Literal["auto"]
@@ -64,8 +64,8 @@ def device_kind(device: str | torch.device) -> str:
 
 
 def checkpointing_for(setting: Checkpointing, device: str | torch.device) -> bool:
-    """``"auto"``: on for CPU (2.6-3x less memory per token: benchmarks/logprob_memory.py), off on CUDA, where the recomputed
-    forward costs about a third more compute and the auto micro-batch keeps memory bounded."""
+    """``"auto"``: on for CPU (less memory per token: benchmarks/logprob_memory.py measures it), off on CUDA, where the recomputed
+    forward costs more compute and the auto micro-batch keeps memory bounded."""
     if setting == "auto":
         return device_kind(device) == "cpu"
     return bool(setting)
@@ -134,10 +134,10 @@ def hold_freed_memory() -> None:
     """Let glibc keep freed memory for reuse instead of handing it back to the OS at once.
 
     By default glibc serves each allocation over a (moving) threshold with its own mmap and unmaps it
-    on free, and trims a heap's free top: a SmolLM2 policy step then took ~410k minor page faults
-    (freshly mapped pages, zeroed by the kernel) for the same tensors every step, ~20% of its time.
+    on free, and trims a heap's free top: a SmolLM2 policy step then took minor page faults
+    (freshly mapped pages, zeroed by the kernel) for the same tensors every step, a share of its time.
     With allocations up to 1 GB served from the heaps and no automatic trim, a step reuses the last
-    step's pages (~60k faults: only chunks over a thread heap's 64 MB are still mapped). The process's
+    step's pages (far fewer faults: only chunks over a thread heap's 64 MB are still mapped). The process's
     RSS stays at its high-water mark between steps, as a caching allocator's would; the policy still
     trims (:func:`release_free_memory`) where its memory sizer needs a true reading. Called once, by the
     first policy on a CPU.

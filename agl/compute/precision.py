@@ -1,12 +1,12 @@
 """Which precision the matmuls of training and generation run in: fp32, or bf16.
 
 ``"auto"`` picks bf16 on a CPU with native bf16 instructions (AVX512-BF16 or AMX): there a SmolLM2 forward
-and backward runs 2.2x faster under ``torch.autocast``, with fp32 weights, optimizer state and log-softmax
-kept as they are, and the built-in engine generates 1.6x faster from a bf16 copy of the weights
-(`benchmarks/precision_cpu.py`).
+and backward runs faster under ``torch.autocast``, with fp32 weights, optimizer state and log-softmax
+kept as they are, and the built-in engine generates faster from a bf16 copy of the weights
+(`benchmarks/precision_cpu.py` measures both).
 Elsewhere, and on CUDA (not measured here yet), it keeps fp32. The engine and the policy resolve ``"auto"``
-the same way, so the engine's sampling logprobs and the trainer's agree to bf16 rounding (mean |d logprob|
-0.03 on SmolLM2, ``benchmarks/precision_cpu.py``), well inside the loss's clip range. The environment
+the same way, so the engine's sampling logprobs and the trainer's agree to bf16 rounding (how far they move:
+``benchmarks/precision_cpu.py``), well inside the loss's clip range. The environment
 variable ``AGL_PRECISION`` (``fp32`` or ``bf16``) sets what ``"auto"`` means, e.g. to make results
 independent of the CPU (the test suite sets ``fp32``).
 """
@@ -74,10 +74,10 @@ def bound_onednn_caches() -> None:
     """Keep fewer compiled bf16 matmul kernels: oneDNN and ideep (torch's bf16 matmuls on CPU) each cache
     one per matmul shape, up to 1,024, and a policy's micro-batch shapes change every step.
 
-    With the defaults a SmolLM2 policy's memory in use climbed ~35 MB a step (steps on four threads in turn,
-    as GRPO runs them), the tiny model's ~13 MB up to ~700 MB; with these ~7 MB a step after the ninth, no
-    slower. Both are read from the environment at oneDNN's first use, so this runs before any bf16 matmul,
-    and a value the user set stays.
+    With the defaults a SmolLM2 policy's memory in use climbed every step (steps on four threads in turn,
+    as GRPO runs them); with these it levels off, no slower (``benchmarks/memory_table.py --in-use``). Both
+    are read from the environment at oneDNN's first use, so this runs before any bf16 matmul, and a value the
+    user set stays.
     """
     for name, entries in ONEDNN_CACHE_ENTRIES.items():
         os.environ.setdefault(name, str(entries))
@@ -87,7 +87,7 @@ def bound_onednn_caches() -> None:
 def _warn_emulated_bf16() -> None:
     warnings.warn(
         "bf16 was asked for on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): "
-        "torch emulates it there, and a SmolLM2 GRPO update ran ~20x slower than in fp32; use "
+        "torch emulates it there, and a GRPO update runs far slower than in fp32; use "
         'precision="auto" (fp32 on this CPU) or unset AGL_PRECISION',
         RuntimeWarning,
         stacklevel=3,

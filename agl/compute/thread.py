@@ -3,9 +3,9 @@
 PyTorch's CPU kernels run on GNU OpenMP, which gives every Python thread that calls one a team of worker
 threads of its own, kept while that thread lives. OpenMP lets idle team threads spin, ready for the next
 kernel, only while the process's OpenMP threads number no more than its CPUs; past that every kernel pays a
-sleep and a wake-up (~70 us). ``asyncio.to_thread`` spreads calls over a pool of threads, each keeping a team
-once it has run a kernel, so on a 2-core machine every kernel paid that: a SmolLM2 decode step took 74 ms
-instead of 38 and a GRPO update 2.6 s instead of 1.9. Work sent here shares one thread and one team.
+sleep and a wake-up. ``asyncio.to_thread`` spreads calls over a pool of threads, each keeping a team
+once it has run a kernel, so on a 2-core machine every kernel paid that, and decode steps and GRPO updates
+ran slower. Work sent here shares one thread and one team.
 
 A job must never wait for another job of this thread (that one would never start): it may block only on work
 done elsewhere.

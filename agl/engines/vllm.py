@@ -170,7 +170,7 @@ class VllmServer:
         return {**env, **self.env}
 
     def start(self, timeout_s: float = 300.0) -> VllmServer:
-        """Launch and wait until ``/health`` answers (vLLM on CPU takes ~45 s with --enforce-eager)."""
+        """Launch and wait until ``/health`` answers (vLLM on CPU is slow to start, even with --enforce-eager)."""
         if self.running:
             raise ConfigError(f"this VllmServer is already running on {self.base_url}; stop() it first")
         if not (self.model / "config.json").is_file():

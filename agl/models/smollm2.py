@@ -74,7 +74,7 @@ def _convert(gguf: Path, out: Path) -> None:
 
 
 def smollm2(cache_dir: str | Path | None = None) -> Path:
-    """Path of SmolLM2-135M-Instruct as a plain HF folder (fp32 safetensors), converting it (~30 s) once."""
+    """Path of SmolLM2-135M-Instruct as a plain HF folder (fp32 safetensors), converting it once."""
     target = cache_root(cache_dir) / "smollm2-135m-instruct"
     if (target / ".complete").exists():
         return target

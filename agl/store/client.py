@@ -2,7 +2,7 @@
 
 Concurrency model: one pooled ``aiohttp.ClientSession`` per event loop (a runner's threads may each run
 their own loop), HTTP/1.1 with keep-alive. The client speaks aiohttp directly: httpx on top of it cost
-the runners about 0.8 ms of CPU per request, more than the server spent answering. Connection
+the runners more CPU per request than the server spent answering. Connection
 errors and 5xx are retried with exponential backoff; every mutating call is safe to retry: enqueue and
 add_resources get client-chosen ids, span batches are deduplicated by span id, and the rest carry an
 ``Idempotency-Key`` the server answers from its cache.

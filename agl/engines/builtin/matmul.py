@@ -2,8 +2,8 @@
 
 A decode step multiplies one row per running sequence by every weight matrix, so its speed is how fast the
 BLAS streams the weights. On some CPUs the usual ``F.linear`` does that badly for a handful of rows (MKL on
-an AMD EPYC here: SmolLM2's output head at 8 rows takes 30 ms, ``W @ x.T`` 12 ms; a whole decode step
-179 -> 108 ms), on others not, so the engine times both on the model's largest linear layer at load and
+an AMD EPYC, for one: ``W @ x.T`` runs SmolLM2's output head at 8 rows, and so a whole decode step, much
+faster), on others not, so the engine times both on the model's largest linear layer at load and
 keeps the faster. Prefill, and batches of more than :data:`MAX_ROWS` rows, keep ``F.linear``.
 """
 
