@@ -36,6 +36,7 @@ def eval_command(
         ...,
         "--model",
         "-m",
+        metavar="MODEL",
         help="A model to evaluate (repeatable): tiny, smollm2, a model folder, or URL#MODEL_NAME.",
         show_default=False,
     ),

@@ -73,7 +73,10 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
         table.add_row(
             escape(json.dumps(t.task, default=str)[:50]), str(t.index), _f(t.a), _f(t.b), f"{t.diff:+.3f}"
         )
-    console.print(table)
+    if changed:
+        console.print(table)
+    else:
+        console.print(f"{escape(comparison.b)} vs {escape(comparison.a)}: no task's mean reward changed")
     if len(changed) > CHANGED_ROWS:
         console.print(f"... {len(changed) - CHANGED_ROWS} more in eval.json")
     console.print(
@@ -114,8 +117,12 @@ def write_plot(result: EvalResult, out: Path) -> Path:
         ),
     ):
         heights = [0.0 if math.isnan(v) else v for v in values]
-        low = [0.0 if math.isnan(v) or math.isnan(c[0]) else v - c[0] for v, c in zip(values, cis, strict=True)]
-        high = [0.0 if math.isnan(v) or math.isnan(c[1]) else c[1] - v for v, c in zip(values, cis, strict=True)]
+        low = [
+            0.0 if math.isnan(v) or math.isnan(c[0]) else v - c[0] for v, c in zip(values, cis, strict=True)
+        ]
+        high = [
+            0.0 if math.isnan(v) or math.isnan(c[1]) else c[1] - v for v, c in zip(values, cis, strict=True)
+        ]
         xs = [i + offset for i in range(len(labels))]
         ax.bar(xs, heights, width, yerr=[low, high], capsize=4, label=name)
     ax.set_xticks(list(range(len(labels))), [label[-30:] for label in labels], rotation=15, ha="right")
