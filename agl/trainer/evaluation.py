@@ -78,7 +78,8 @@ class TaskScore:
 class ModelResult:
     """One model's scores: ``mean_reward`` over every scored rollout, ``mean_at_k`` (mean over tasks of
     each task's mean reward) and ``pass_at_k`` (mean over tasks of the unbiased estimate), each with a
-    :data:`CI_METHOD` interval, over the tasks with at least one scored sample; failures by class apart."""
+    :data:`CI_METHOD` interval, over the tasks with at least one scored sample; failures by class apart.
+    A task with fewer scored samples than pass@k's k (some failed) is estimated at k = those it has."""
 
     label: str
     model: str
@@ -292,7 +293,7 @@ def score_model(
     )
 
 
-def compare(a: ModelResult, b: ModelResult) -> Comparison:
+def compare_results(a: ModelResult, b: ModelResult) -> Comparison:
     """``b`` against ``a`` over the tasks both scored (see :class:`Comparison`)."""
     pairs = [
         TaskDiff(ta.index, ta.task, ta.mean, tb.mean)
@@ -381,19 +382,14 @@ def evaluate_models(
         evaluation = trainer.fit(agent, list(tasks))
         results.append(score_model(target, tasks, evaluation, k, pass_k, pass_threshold))
     by_label = {r.label: r for r in results}
-    comparison = None if compare is None else _compare(by_label[compare[0]], by_label[compare[1]])
+    comparison = None if compare is None else compare_results(by_label[compare[0]], by_label[compare[1]])
     return EvalResult(k, pass_k, pass_threshold, CI_METHOD, tuple(results), comparison, store_url)
-
-
-_compare = compare  # the function, under a name the keyword argument of evaluate_models leaves free
 
 
 def _targets(models: Sequence[str | Path | LLM] | Mapping[str, str | Path | LLM]) -> list[Target]:
     if isinstance(models, Mapping):
-        return [
-            Target(str(label), parse_model(spec).path, parse_model(spec).llm)
-            for label, spec in models.items()
-        ]
+        parsed = {str(label): parse_model(spec) for label, spec in models.items()}
+        return [Target(label, t.path, t.llm) for label, t in parsed.items()]
     if isinstance(models, (str, Path, LLM)):
         raise ConfigError("models must be a list of models (or a mapping label -> model), not one model")
     return [parse_model(spec) for spec in models]
@@ -407,7 +403,7 @@ __all__ = [
     "TaskDiff",
     "TaskScore",
     "bootstrap",
-    "compare",
+    "compare_results",
     "evaluate_models",
     "pass_at_k",
     "parse_model",

@@ -97,3 +97,15 @@ def test_bad_arguments_are_named(tmp_path: Path) -> None:
         agl.evaluate_models(scored_agent, TASKS, ["tiny"], k=2, pass_k=3)
     with pytest.raises(ConfigError, match="compare: no model labelled 'b'"):
         agl.evaluate_models(scored_agent, TASKS, ["tiny"], compare=("tiny", "b"))
+
+
+def test_an_unreachable_endpoint_is_an_infra_failure_not_a_zero(tmp_path: Path) -> None:
+    result = agl.evaluate_models(
+        scored_agent, TASKS[:2], ["http://127.0.0.1:9/v1#gone"], k=1, output_dir=tmp_path
+    )
+    (gone,) = result.models
+    assert dict(gone.failures.by_class) == {"infra": 2}
+    assert math.isnan(gone.mean_reward) and math.isnan(gone.pass_at_k)
+    data = result.to_json()["models"][0]
+    assert data["mean_at_k"] is None and data["failed_by_class"] == {"infra": 2}
+    assert "APIConnectionError" in (gone.failures.first_error or "")
