@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "SqliteLightningStore": "agl.store",
     "SyncLightningStore": "agl.store",
     "open_store": "agl.store",
+    "evaluate_models": "agl.trainer.evaluation",
 }
 
 # what type checkers see behind the lazy __getattr__ (tests/test_public_api.py keeps the three lists in step)
@@ -109,6 +110,7 @@ if TYPE_CHECKING:
     from agl.store.client import LightningStoreClient
     from agl.tracer.instrument import instrument
     from agl.trainer import Serving, Trainer
+    from agl.trainer.evaluation import evaluate_models
 
 __all__ = [
     "APO",
@@ -149,6 +151,7 @@ __all__ = [
     "emit_message",
     "emit_object",
     "emit_reward",
+    "evaluate_models",
     "instrument",
     "open_store",
     "openai_client",

@@ -52,6 +52,7 @@ EXPORTED = [
     "emit_message",
     "emit_object",
     "emit_reward",
+    "evaluate_models",
     "instrument",
     "open_store",
     "openai_client",

@@ -187,8 +187,9 @@ class TrainingContext:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """One rollout per task: the mean final reward over the rollouts that yielded one (NaN when none
-    did), the failures apart from it (counted per class), and the rollouts with their spans."""
+    """``group_size`` rollouts per task: the mean final reward over the rollouts that yielded one (NaN
+    when none did), the failures apart from it (counted per class), and the rollouts with their spans
+    (in task order, each task's rollouts together)."""
 
     score: float
     failures: Failures
@@ -211,14 +212,20 @@ async def evaluate(
     mode: str = "val",
     timeout_s: float | None = 600.0,
     sampling_seed: int | None = None,
+    group_size: int = 1,
 ) -> Evaluation:
-    """Score ``tasks`` under ``resources_id`` (one ``mode`` rollout each; NaN without tasks): the one
-    evaluation every algorithm uses. Failed rollouts are counted by class, not scored. ``sampling_seed``
-    seeds the rollouts' sampling (see ``start_rollouts``)."""
+    """Score ``tasks`` under ``resources_id`` (``group_size`` ``mode`` rollouts each; NaN without tasks):
+    the one evaluation every algorithm, and ``agl.evaluate_models``, uses. Failed rollouts are counted by
+    class, not scored. ``sampling_seed`` seeds the rollouts' sampling (see ``start_rollouts``)."""
     if not tasks:
         return Evaluation(float("nan"), Failures(0, 0), [])
     done = await ctx.rollouts(
-        tasks, mode=mode, resources_id=resources_id, timeout_s=timeout_s, sampling_seed=sampling_seed
+        tasks,
+        mode=mode,
+        group_size=group_size,
+        resources_id=resources_id,
+        timeout_s=timeout_s,
+        sampling_seed=sampling_seed,
     )
     return Evaluation(
         rewarded_score(done),

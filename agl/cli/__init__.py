@@ -1,5 +1,5 @@
 """The ``agl`` command line: one sub-command group per component (store, gateway, engine, ...), and
-``agl train``, a single command.
+``agl train`` and ``agl eval``, single commands.
 
 Each group lives in its own module and is imported only when that group runs, so ``agl --help``
 stays fast.
@@ -40,6 +40,7 @@ for _name, (_module, _help) in _GROUPS.items():
 # single commands: name -> (module, function)
 _COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("agl.cli.train", "train"),
+    "eval": ("agl.cli.eval", "eval_command"),
 }
 
 for _name, (_module, _function) in _COMMANDS.items():
