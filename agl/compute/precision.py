@@ -1,14 +1,13 @@
 """Which precision the matmuls of training and generation run in: fp32, or bf16.
 
-``"auto"`` picks bf16 on a CPU with native bf16 instructions (AVX512-BF16 or AMX): there a SmolLM2 forward
-and backward runs faster under ``torch.autocast``, with fp32 weights, optimizer state and log-softmax
-kept as they are, and the built-in engine generates faster from a bf16 copy of the weights
-(`benchmarks/precision_cpu.py` measures both).
-Elsewhere, and on CUDA (not measured here yet), it keeps fp32. The engine and the policy resolve ``"auto"``
-the same way, so the engine's sampling logprobs and the trainer's agree to bf16 rounding (how far they move:
-``benchmarks/precision_cpu.py``), well inside the loss's clip range. The environment
-variable ``AGL_PRECISION`` (``fp32`` or ``bf16``) sets what ``"auto"`` means, e.g. to make results
-independent of the CPU (the test suite sets ``fp32``).
+``"auto"`` is fp32. ``"bf16"`` runs the policy's matmuls under ``torch.autocast`` (fp32 weights, optimizer
+state and log-softmax kept) and serves the built-in engine a bf16 copy of the weights: faster steps on a CPU
+with native bf16 (AVX512-BF16 or AMX; ``benchmarks/precision_cpu.py``), but on the calc demo its SFT warm
+start reached a far lower held-out accuracy than fp32 with the same seeds (``benchmarks/demo_precision.py``;
+likely because a warm start's small weight updates are below a bf16 weight's rounding step, which the
+engine's bf16 copy drops), so bf16 is opt-in. The engine and the
+policy resolve a precision the same way, so sampling and training logprobs agree. The environment variable
+``AGL_PRECISION`` (``fp32`` or ``bf16``) sets what ``"auto"`` means for a whole run.
 """
 
 from __future__ import annotations
@@ -46,15 +45,14 @@ def check_precision(precision: str, field: str = "precision") -> None:
 
 
 def resolve_precision(precision: str, device: str | torch.device) -> Literal["fp32", "bf16"]:
-    """``"auto"`` -> ``AGL_PRECISION`` if set, else ``"bf16"`` on a CPU with native bf16, else ``"fp32"``."""
+    """``"auto"`` -> ``AGL_PRECISION`` if set, else ``"fp32"``."""
     check_precision(precision)
     cpu = torch.device(device).type == "cpu"
     if precision == "auto":
         chosen = os.environ.get("AGL_PRECISION", "").strip().lower()
         if chosen not in ("", "fp32", "bf16"):
             raise ConfigError(f"AGL_PRECISION must be 'fp32' or 'bf16', got {chosen!r}")
-        if not chosen:
-            chosen = "bf16" if cpu and cpu_has_native_bf16() else "fp32"
+        chosen = chosen or "fp32"
     else:
         chosen = precision
     resolved: Literal["fp32", "bf16"] = "bf16" if chosen == "bf16" else "fp32"
