@@ -87,7 +87,8 @@ class MetricsLogger:
         """The compact text shown per step: the ``shown`` metrics present in ``row``, then what went wrong.
 
         A step that trained nothing (``samples`` 0) reads ``no update`` where its loss would be; groups
-        whose rollouts all scored alike read ``zero_var=N/M groups``; failed rollouts ``failed=N/M``
+        whose rollouts all scored alike read ``zero_var=N/M groups`` (``refill=+N rollouts`` when more
+        tasks were drawn in their place); failed rollouts ``failed=N/M``
         (``val_failed`` for validation) with their classes (``failed_infra`` ...) and the ``first_error``
         text when the row carries them.
         """
@@ -101,6 +102,8 @@ class MetricsLogger:
                 parts.append(f"{key}={_fmt(row[key])}")
         if row.get("zero_variance_groups") and row.get("groups"):
             parts.append(f"zero_var={row['zero_variance_groups']:.0f}/{row['groups']:.0f} groups")
+        if row.get("refill_rollouts"):  # GRPOConfig(refill=True) drew tasks in place of flat groups
+            parts.append(f"refill=+{row['refill_rollouts']:.0f} rollouts")
         for prefix in ("", "val_"):
             failed, total = row.get(f"{prefix}failed_rollouts"), row.get(f"{prefix}rollouts")
             if failed:

@@ -90,6 +90,15 @@ def test_the_line_says_what_went_wrong(tmp_path: Path, capsys: pytest.CaptureFix
     assert rows[0]["failed_rollouts"] == "2" and "first_error" not in rows[0]  # the CSV stays numeric
 
 
+def test_the_line_counts_refill_rollouts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    metrics = MetricsLogger(tmp_path, progress=False, tensorboard=False)
+    row = {"reward_mean": 0.5, "loss": 0.1, "samples": 8, "groups": 6, "zero_variance_groups": 2}
+    metrics.log(1, {**row, "refill_rollouts": 16, "refill_rounds": 1, "groups_with_signal": 4})
+    metrics.close()
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("reward_mean=0.500  loss=0.100  zero_var=2/6 groups  refill=+16 rollouts")
+
+
 def test_curve_keeps_seconds_and_gigabytes_off_the_reward_axis(tmp_path: Path) -> None:
     assert curve_panels(
         ["reward_mean", "val_reward", "loss", "step_time_s", "peak_rss_gb", "rollout_time_s"]

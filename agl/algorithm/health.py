@@ -200,6 +200,8 @@ class LearningCheck:
     def after_step(self, step: int, row: Mapping[str, Any], *, first: bool) -> None:
         """Check a step's metrics row (``groups``, ``zero_variance_groups``, ``reward_mean``, failures)."""
         groups, flat = row.get("groups", 0.0), row.get("zero_variance_groups", 0.0)
+        if row.get("groups_with_signal"):  # refill drew other tasks in place of the flat groups: it trained
+            flat = 0.0
         rollouts, failed = row.get("rollouts", 0.0), row.get("failed_rollouts", 0.0)
         low, high = row.get("reward_min", math.nan), row.get("reward_max", math.nan)
         if not (math.isnan(low) or math.isnan(high)):

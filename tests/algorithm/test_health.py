@@ -147,6 +147,18 @@ def test_learning_check_warns_once_naming_cause_and_remedies(caplog: pytest.LogC
         assert remedy in message
 
 
+def test_a_step_refill_filled_with_signal_is_not_flat(caplog: pytest.LogCaptureFixture) -> None:
+    check = LearningCheck()
+    refilled = {"groups": 10.0, "zero_variance_groups": 9.0, "rollouts": 40.0, "samples": 8.0}
+    with caplog.at_level(logging.WARNING, logger="agl.algorithm.health"):
+        check.after_step(1, {**refilled, "groups_with_signal": 1.0}, first=True)
+        assert not caplog.records  # the flat groups were set aside for one that trained
+        check.after_step(
+            2, {**refilled, "zero_variance_groups": 10.0, "groups_with_signal": 0.0}, first=False
+        )
+    assert "in step 2, 10 of 10 groups" in caplog.records[0].getMessage()
+
+
 def test_flat_groups_at_the_runs_best_reward_say_solved_not_a_fault(caplog: pytest.LogCaptureFixture) -> None:
     check = LearningCheck()
     learning = {

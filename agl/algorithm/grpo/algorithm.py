@@ -3,7 +3,8 @@
 Each step: enqueue ``group_size`` rollouts per task (one ``group_id`` per task), wait for them, turn
 their spans into samples (trajectory-level by default), settle failed rollouts by their class
 (``GRPOConfig.on_failure``: resampled, dropped or trained as 0; grpo/failures.py), drop what must not be
-trained on (zero-variance groups, over-long samples; each counted), compute group-relative advantages
+trained on (zero-variance groups, over-long samples; each counted; ``refill`` draws more tasks in place of
+the tied groups, grpo/refill.py), compute group-relative advantages
 per rollout, take one optimizer step, push the new weights to the engine and publish them as a new
 resources version, so the next rollouts record the version they ran with.
 """
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from agl.algorithm.base import Algorithm, Evaluation, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_trained
-from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog, drop_stale
+from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog
 from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
-from agl.algorithm.grpo.failures import TaskIndex, failure_rows, settle_failures, write_dropped
-from agl.algorithm.grpo.judging import judge_evaluation, judge_step
+from agl.algorithm.grpo.failures import TaskIndex, failure_rows, write_dropped
+from agl.algorithm.grpo.judging import judge_evaluation
+from agl.algorithm.grpo.refill import StepRollouts
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
 from agl.algorithm.spec import ModelSpec
@@ -296,46 +298,29 @@ class GRPO(Algorithm):
             self.policy = await run_compute(
                 DistributedPolicy.start, self.policy, cfg.world_size, checkpoint, cfg.sharding
             )
-        out = Path(ctx.output_dir)
-        train_index = TaskIndex(train)
+        step_rollouts = StepRollouts(ctx, cfg, train, versions, pipeline.depth, Path(ctx.output_dir))
         failed = False
         try:
             for step in range(first_step, cfg.steps + 1):
                 started = time.perf_counter()
                 fetched = await pipeline.take(step, resources_id, versions.current)
-                settled = await settle_failures(
-                    ctx,
-                    fetched.rollouts,
-                    fetched.spans,
-                    on_failure=cfg.on_failure,
-                    max_resamples=cfg.max_resamples,
-                    timeout_s=cfg.rollout_timeout_s,
-                    step=step,
-                    task_index=train_index,
+                drawn = await step_rollouts.settle(
+                    fetched.rollouts, fetched.spans, step=step, enqueued_version=fetched.enqueued_version
                 )
-                write_dropped(out, settled.dropped)
-                failures = settled.failures
                 if step == first_step:  # a run whose first rollouts all fail would train nothing, silently
                     check_not_all_failed(
-                        failures,
+                        drawn.failures,
                         f"the first step ({step})",
                         stop=cfg.stop_on_all_failed,
                         option="GRPOConfig(stop_on_all_failed=False)",
                     )
-                kept, stale = drop_stale(
-                    settled.rollouts,
-                    settled.spans,
-                    versions,
-                    fallback=fetched.enqueued_version,
-                    max_staleness=pipeline.depth,
-                    zeroed=settled.zeroed,
-                )
-                kept, spans, judged = await judge_step(ctx.store, cfg.judge, kept, settled.spans)
-                batch = build_batch(kept, spans, cfg, settled.zeroed)
+                if cfg.refill:  # groups whose rewards tie train nothing: draw more tasks in their place
+                    drawn = await step_rollouts.refill(drawn, step=step, resources_id=resources_id)
+                batch = build_batch(drawn.rollouts, drawn.spans, cfg, drawn.zeroed)
                 if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
                     batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
                 rollout_s = time.perf_counter() - started
-                row = {**batch.metrics, **settled.metrics, **stale, **judged}
+                row = {**batch.metrics, **drawn.metrics}
                 row["trainer_idle_s"] = fetched.wait_s
                 if batch.samples:
                     row.update(
@@ -354,11 +339,11 @@ class GRPO(Algorithm):
                         best.offer, self.policy, val_after, step=step, model_version=self.version
                     )
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    await self._checkpoint(out / "checkpoints" / f"step-{step}", step)
+                    await self._checkpoint(step_rollouts.out / "checkpoints" / f"step-{step}", step)
                 row.update(
                     step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s, **step_peaks()
                 )
-                metrics.log(step, {**row, **failures.console()})
+                metrics.log(step, {**row, **drawn.failures.console()})
                 self.learning.after_step(step, row, first=step == first_step)
                 self.history.append(row)
         except BaseException:

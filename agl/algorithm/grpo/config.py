@@ -99,6 +99,11 @@ class GRPOConfig:
     # least 2 remain) or "zero" (trains with reward 0); merged over DEFAULT_ON_FAILURE
     on_failure: Mapping[FailureClass, OnFailure] = field(default_factory=dict)
     max_resamples: int = 2
+    # dynamic sampling (DAPO's filter_groups): groups whose rewards all tie are set aside and more tasks
+    # are drawn until the step holds tasks_per_step groups with signal, or refill_max_rollouts extra
+    # rollouts ran (None: twice the step's tasks_per_step * group_size); synchronous runs only (grpo/refill.py)
+    refill: bool = False
+    refill_max_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         check_settings(self.micro_batch_tokens, self.memory_budget_gb)
@@ -151,8 +156,26 @@ class GRPOConfig:
                 "GRPOConfig.warm_start must be an agl.WarmStart(...), an agl.Teacher(...) or None, "
                 f"got a {type(self.warm_start).__name__}"
             )
+        self._check_refill()
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
+
+    def _check_refill(self) -> None:
+        cap = self.refill_max_rollouts
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+            raise ConfigError(f"GRPOConfig.refill_max_rollouts must be None or an int >= 0, got {cap!r}")
+        if not self.refill:
+            return
+        if self.async_rollouts:
+            raise ConfigError(
+                "GRPOConfig(refill=True) tops a step up with rollouts of the policy that trains on them; "
+                "async rollouts run ahead of it: set async_rollouts=False or refill=False"
+            )
+        if self.baseline == "batch":
+            raise ConfigError(
+                "GRPOConfig(refill=True) refills groups whose rewards tie; baseline='batch' compares the "
+                "whole batch, not groups: set baseline='group' or refill=False"
+            )
 
 
 def check_on_failure(on_failure: Mapping[Any, Any]) -> dict[FailureClass, OnFailure]:
