@@ -76,7 +76,8 @@ def test_one_step_trains_on_the_judges_scores(tmp_path: Path, monkeypatch: pytes
         assert len(up.requests) == 5
     (row,) = result["history"]
     assert (row["judged_groups"], row["judge_failures"]) == (2, 1)
-    assert row["rollouts"] == 2 and row["failed_rollouts"] == 0 and row["samples"] == 2
+    # the step ran 4 rollouts; the judged group trained its 2, the group the judge failed on none
+    assert row["rollouts"] == 4 and row["failed_rollouts"] == 0 and row["samples"] == 2
     assert row["reward_mean"] == pytest.approx(0.5) and row["reward_max"] == 0.9
     assert math.isfinite(row["loss"]) and row["grad_norm"] > 0
     assert (result["val_reward_before"], result["val_reward_after"]) == (0.5, 0.7)
