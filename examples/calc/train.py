@@ -1,7 +1,7 @@
 """The main demo: teach SmolLM2-135M-Instruct to solve word problems with a calculator tool, on 2 CPU cores.
 
-    python -m examples.calc.train                 # SmolLM2, about 15 minutes: writes results/calc/
-    python -m examples.calc.train --model tiny    # a one-minute smoke run of the loop: results/calc-tiny/
+    python -m examples.calc.train                 # SmolLM2 (BENCHMARKS.md: demo_precision): results/calc/
+    python -m examples.calc.train --model tiny    # a quick smoke run of the loop: results/calc-tiny/
     python -m examples.calc.train --seeds 0,1,2 --result calc-seeds.json   # one run per seed, and the spread
 
 The agent (``examples/calc/agent.py``) is plain openai-SDK code. The loop: measure held-out accuracy;
