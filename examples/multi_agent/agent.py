@@ -56,7 +56,7 @@ def build_team(solver: ChatOpenAI, checker: ChatOpenAI) -> Any:
         return {"reviews": state["reviews"] + 1}
 
     def after_solver(state: TeamState) -> str:
-        return "tools" if tools_condition(state) == "tools" else "check"
+        return "tools" if tools_condition(state["messages"]) == "tools" else "check"
 
     def after_check(state: TeamState) -> str:
         return "solve" if isinstance(state["messages"][-1], HumanMessage) else END
