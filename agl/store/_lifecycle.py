@@ -273,6 +273,8 @@ class TableStore(StoreWithReadModel):
             if existing is not None:
                 return _logic.check_same_request(existing, req)
         rollout = _logic.new_rollout(req, resources_id, self.clock(), status)
+        if status != RolloutStatus.QUEUING:  # started by its first claim (start_rollout): started now
+            rollout.started_at = rollout.created_at
         t.insert_rollout(rollout)
         return rollout
 
