@@ -6,7 +6,7 @@ children carrying ~6 KB of nested attributes); a reward span; then completion. I
 dequeue every ``--poll-s``. By default it talks to the store as ``agl.Runner`` does: an attempt's
 spans go in one batch when it ends (the runner's buffer flushes at 64 spans or at the end) and a
 heartbeat goes out every ``--heartbeat-s`` (5 s). ``--flush round --heartbeat-s 0`` is the chattier
-pattern of the figures before stop 27: a heartbeat and a span batch every round, the reward apart.
+pattern of an older runner: a heartbeat and a span batch every round, the reward apart.
 Against one server on SQLite or PostgreSQL, or ``--servers 2`` sharing one PostgreSQL (runners split
 between them). Reports sustained spans/s and rollouts/s over the steady
 window (counted by the store, and as acknowledged to the runners), p50/p99 per operation for the calls
@@ -99,7 +99,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _postgres_pids() -> list[int]:
-    """Every local process named postgres (other sessions' queries included, if any run)."""
+    """Every local process named postgres (other clients' queries included, if any run)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -150,7 +150,7 @@ def _cpu_snapshot(servers: list[int], clients: list[int]) -> dict[str, Any]:
 
 
 def _cpu_window(a: dict[str, Any], b: dict[str, Any], parent_s: float) -> dict[str, float]:
-    """CPU seconds per part between two snapshots; ``other``: the rest of the machine (other sessions)."""
+    """CPU seconds per part between two snapshots; ``other``: the rest of the machine (other processes)."""
     pg = sum(v - a["postgres"].get(pid, 0.0) for pid, v in b["postgres"].items())
     out = {
         "servers": b["servers"] - a["servers"],
