@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from agl.algorithm.base import Evaluation, score_of
+from agl.algorithm.base import Evaluation, rewarded_score
 from agl.rewards import judge_rollouts
 from agl.schemas import Rollout, Span
 
@@ -43,7 +43,7 @@ async def judge_evaluation(store: LightningStore, judge: Judge | None, result: E
     spans = {r.rollout_id: s for r, s in result.results}
     judged = await judge_rollouts(store, judge, [r for r, _ in result.results], spans, alone=True)
     done = [(r, judged.spans[r.rollout_id]) for r, _ in result.results if r.rollout_id not in judged.dropped]
-    return Evaluation(score_of(done), result.failures, done)
+    return Evaluation(rewarded_score(done), result.failures, done)  # failures counted, never scored
 
 
 __all__ = ["judge_evaluation", "judge_step"]
