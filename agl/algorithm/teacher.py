@@ -12,7 +12,6 @@ included) are re-rendered in the student's chat template with the tools the agen
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
 from collections.abc import Sequence
@@ -275,34 +274,6 @@ async def teach(
     return rows, {**traces.counts, "teacher_samples": float(len(samples))}
 
 
-def read_jsonl(path: str | Path) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]] | None]:
-    """Conversations and tools from OpenAI chat JSONL (``{"messages": [...], "tools": [...]}`` lines).
-
-    Raises:
-        ConfigError: a line is no such object, or lines declare different tools.
-    """
-    conversations: list[list[dict[str, Any]]] = []
-    tools: list[dict[str, Any]] | None = None
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{n} is not JSON: {e}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-            raise ConfigError(f'{path}:{n} must be an object with "messages": [...] (OpenAI chat format)')
-        conversations.append(row["messages"])
-        line_tools = row.get("tools") or None
-        if line_tools is not None:
-            if tools is not None and line_tools != tools:
-                raise ConfigError(
-                    f"{path}:{n} declares other tools than the lines before: a WarmStart renders one tool set"
-                )
-            tools = line_tools
-    return conversations, tools
-
-
 __all__ = [
     "TEACHER_MODE",
     "TEACHER_VAL_MODE",
@@ -311,7 +282,6 @@ __all__ = [
     "TeacherTraces",
     "collect_traces",
     "export_traces",
-    "read_jsonl",
     "samples_from_traces",
     "sft_steps",
     "teach",

@@ -51,11 +51,11 @@ class WarmStart:
         Raises:
             ConfigError: the file holds no conversation, a malformed line, or lines with other tools.
         """
-        from agl.algorithm.teacher import read_jsonl
+        from agl.algorithm.sft.samples import import_jsonl
 
         if "conversations" in schedule or "tools" in schedule:
             raise ConfigError("WarmStart.from_jsonl reads conversations and tools from the file")
-        conversations, tools = read_jsonl(path)
+        conversations, tools = import_jsonl(path)
         if not conversations:
             raise ConfigError(f"WarmStart.from_jsonl: {path} holds no conversation")
         return cls(conversations, tools, **schedule)

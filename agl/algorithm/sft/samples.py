@@ -1,5 +1,5 @@
 """SFT data: select good rollouts, build token-level samples (engine ids from spans, or chat-template
-rendering when ids are absent), and export conversations as OpenAI fine-tuning JSONL."""
+rendering when ids are absent), and export and import conversations as OpenAI fine-tuning JSONL."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from agl import semconv as sc
 from agl.adapter import Sample, filter_calls, final_reward, llm_calls, to_messages, to_samples
+from agl.errors import ConfigError
 from agl.schemas import Rollout, RolloutStatus, Span
 
 
@@ -137,6 +138,34 @@ def export_jsonl(
                 row["tools"] = its_tools
             f.write(json.dumps(row) + "\n")
     return len(conversations)
+
+
+def import_jsonl(path: str | Path) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]] | None]:
+    """Conversations and tools from OpenAI chat JSONL as :func:`export_jsonl` writes it (``{"messages": [...], "tools": [...]}`` lines).
+
+    Raises:
+        ConfigError: a line is no such object, or lines declare different tools.
+    """
+    conversations: list[list[dict[str, Any]]] = []
+    tools: list[dict[str, Any]] | None = None
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{n} is not JSON: {e}") from None
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            raise ConfigError(f'{path}:{n} must be an object with "messages": [...] (OpenAI chat format)')
+        conversations.append(row["messages"])
+        line_tools = row.get("tools") or None
+        if line_tools is not None:
+            if tools is not None and line_tools != tools:
+                raise ConfigError(
+                    f"{path}:{n} declares other tools than the lines before: a WarmStart renders one tool set"
+                )
+            tools = line_tools
+    return conversations, tools
 
 
 def request_tools(spans: Sequence[Span]) -> list[dict[str, Any]] | None:
