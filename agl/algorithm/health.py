@@ -56,6 +56,17 @@ class Failures:
     def all_failed(self) -> bool:
         return self.total > 0 and self.failed == self.total
 
+    def __add__(self, other: Failures) -> Failures:
+        """Both sets of rollouts counted together; the first error stays the earliest."""
+        classes = {*self.by_class, *other.by_class}
+        return Failures(
+            self.failed + other.failed,
+            self.total + other.total,
+            self.first_error or other.first_error,
+            {c: self.by_class.get(c, 0) + other.by_class.get(c, 0) for c in classes},
+            self.details + other.details,
+        )
+
     def metrics(self, prefix: str = "") -> dict[str, float]:
         """``failed_rollouts``, ``rollouts`` and ``failed_<class>`` per class (with ``prefix``, e.g.
         ``val_``) for a metrics row."""

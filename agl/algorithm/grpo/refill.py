@@ -45,15 +45,6 @@ class Round:
     def merged(self, other: Round) -> Round:
         """This round followed by ``other``: counts add up (staleness is 0 in both: refill is
         synchronous), the first failure's error stays the earliest."""
-        a, b = self.failures, other.failures
-        by_class = {c: a.by_class.get(c, 0) + b.by_class.get(c, 0) for c in {*a.by_class, *b.by_class}}
-        failures = Failures(
-            a.failed + b.failed,
-            a.total + b.total,
-            a.first_error or b.first_error,
-            by_class,
-            a.details + b.details,
-        )
         metrics = dict(self.metrics)
         for key, value in other.metrics.items():
             keep_max = key.startswith("staleness_")
@@ -62,7 +53,7 @@ class Round:
             self.rollouts + other.rollouts,
             {**self.spans, **other.spans},
             self.zeroed | other.zeroed,
-            failures,
+            self.failures + other.failures,
             self.drawn | other.drawn,
             metrics,
         )
