@@ -192,7 +192,7 @@ def test_auto_micro_batches_start_from_a_probe_and_follow_the_budget(tiny: Path,
 @pytest.mark.slow
 @in_fresh_process
 def test_rss_stays_flat_over_fifty_steps(tiny: Path, one_thread: None) -> None:
-    _rss_stays_flat(tiny, "fp32", steps=50, warm_up=10, band_mb=40, climb_mb=10, window=10)
+    _rss_stays_flat(tiny, "fp32", steps=50, warm_up=10, band_mb=40, climb_mb=20, window=10)
 
 
 @pytest.mark.slow
@@ -238,7 +238,9 @@ def _rss_stays_flat(
     # a trim hands back whole free pages only, so in-use readings move by up to ~20 MB either way from
     # step to step (395-419 MB in fp32); a climb shows as the later readings' median above the earlier ones'.
     # Over 90 fp32 steps they stayed within 400-423 MB, yet the means of two 5-step windows 15 steps apart
-    # differed by 7.4 MB once in CI (483-500 MB there): hence medians of 10-step windows 30 steps apart
+    # differed by 7.4 MB once in CI (483-500 MB there): hence medians of 10-step windows 30 steps apart.
+    # Those medians still moved by 10 MB once in CI (401 -> 411 MB, all readings within 393-417 MB), so the
+    # fp32 bound is 20 MB: the leak this guards against climbed ~2 MB a step, 60 MB over those 30 steps
     readings = [round(r / MB) for r in after]
     assert (max(settled) - min(settled)) / MB < band_mb, readings
     climb = statistics.median(settled[-window:]) - statistics.median(settled[:window])
