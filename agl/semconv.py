@@ -44,6 +44,9 @@ LLM_LOGPROBS = "agl.llm.logprobs"  # list[float], one per completion token, from
 LLM_HAS_TOKEN_IDS = "agl.llm.has_token_ids"  # False when the backend returned none (fail closed)
 LLM_SOURCE = "agl.llm.source"  # "gateway" | "openinference" | ...
 
+# ----- rollout metadata ------------------------------------------------------------------------
+TRAINING_RECORD = "agl.training"  # what a GRPO step trained on this rollout (agl/algorithm/grpo/record.py)
+
 # ----- attribution and tags --------------------------------------------------------------------
 ROLLOUT_ID = "agl.rollout_id"
 ATTEMPT_ID = "agl.attempt_id"

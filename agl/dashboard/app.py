@@ -108,9 +108,12 @@ def _offset(raw: str | None) -> int:
     return int(raw[1:])
 
 
-def _settings(request: Request) -> training.Settings:
-    """GRPO's settings for the training views: GRPOConfig's defaults, or the page's query parameters."""
+def _settings(request: Request) -> training.Settings | None:
+    """The settings the page asks the training views for (a what-if), or None: the run's recorded
+    settings, or GRPOConfig's defaults for a store without a training record."""
     q = request.query_params
+    if not any(q.get(name) for name in ("level", "scale_by_std", "max_sample_tokens", "agent")):
+        return None
     level = q.get("level") or "trajectory"
     if level not in ("trajectory", "transition"):
         raise BadRequest("level", f"level must be 'trajectory' or 'transition', got {level!r}")

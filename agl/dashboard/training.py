@@ -1,8 +1,12 @@
-"""What GRPO trains on, read back from the store: group advantages, skip reasons, merged samples.
+"""What GRPO trained on, read back from the store: group advantages, skip reasons, merged samples.
 
-Computed from the stored spans with GRPO's own adapter and batch code (``llm_calls``, ``to_samples``,
-``build_batch``), so the dashboard shows what a step with these settings trains on, not a re-derivation.
-The GRPO modules import torch, so they load on first use (in a worker thread) and only for these views.
+A run's own record comes first: each step writes what it trained on into its rollouts' metadata
+(``agl.training``, :mod:`agl.algorithm.grpo.record`): settings, trained samples, advantages, loss
+weights and skip reasons. Token strips are rebuilt from the spans with GRPO's own adapter under the
+recorded settings. A store without a record (an older run, another trainer), or a page that asks for
+other settings, gets a re-simulation with GRPO's batch code, and the view says which it shows
+(``source``: "record", "simulated" or "what_if"). The GRPO modules import torch, so they load on
+first use (in a worker thread) and only for these views.
 """
 
 from __future__ import annotations
@@ -29,23 +33,45 @@ MAX_STRIP_TOKENS = 4096
 
 @dataclass(frozen=True)
 class Settings:
-    """The GRPO settings the view assumes (GRPOConfig's defaults unless the page asks otherwise)."""
+    """The GRPO settings a view uses: a run's recorded ones, GRPOConfig's defaults, or the page's."""
 
     level: Literal["trajectory", "transition"] = "trajectory"
-    scale_by_std: bool = True
+    scale_by_std: bool | str = True
     max_sample_tokens: int = 2048
     agent: str | None = None
+    baseline: str = "group"
+    credit: str = "final"
+    call_reward_weight: float = 1.0
+
+    @classmethod
+    def recorded(cls, record: dict[str, Any]) -> Settings:
+        """The settings a step recorded (fields this version does not know are left out)."""
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in (record.get("settings") or {}).items() if k in known})
 
     def config(self) -> Any:
         from agl.algorithm.grpo import GRPOConfig
 
-        return GRPOConfig(
-            model_path="-",
-            level=self.level,
-            scale_by_std=self.scale_by_std,
-            max_sample_tokens=self.max_sample_tokens,
-            agent=self.agent,
-        )
+        return GRPOConfig(model_path="-", **self.__dict__)
+
+
+Source = Literal["record", "simulated", "what_if"]
+
+
+def _record(rollout: Rollout) -> dict[str, Any] | None:
+    found = rollout.metadata.get(sc.TRAINING_RECORD)
+    return found if isinstance(found, dict) else None
+
+
+def choose_settings(members: Sequence[Rollout], asked: Settings | None) -> tuple[Settings, Source]:
+    """The settings to show a group with, and where they come from: the page's (``asked``: a what-if
+    when the run left a record), else the run's record, else GRPOConfig's defaults (simulated)."""
+    record = next((r for r in map(_record, members) if r is not None), None)
+    if asked is not None:
+        return asked, "simulated" if record is None else "what_if"
+    if record is not None:
+        return Settings.recorded(record), "record"
+    return Settings(), "simulated"
 
 
 def _calls_by_agent(spans: list[Span], settings: Settings) -> dict[str | None, list[LLMCall]]:
@@ -83,10 +109,14 @@ def _key(rollout: Rollout, agent: str | None) -> str:
 
 
 def analyse_group(
-    rollouts: Sequence[Rollout], spans: dict[str, list[Span]], settings: Settings = Settings()
+    rollouts: Sequence[Rollout], spans: dict[str, list[Span]], asked: Settings | None = None
 ) -> dict[str, Any]:
-    """Per rollout of one GRPO group: reward, advantage, and whether (and why not) it is trained."""
+    """Per rollout of one GRPO group: reward, advantage, and whether (and why not) it is trained:
+    as its step recorded, or re-simulated (see :func:`choose_settings`)."""
     from agl.algorithm.grpo import build_batch, group_advantages
+    from agl.algorithm.grpo.advantages import std_scale
+
+    settings, source = choose_settings(rollouts, asked)
 
     batch = build_batch(list(rollouts), spans, settings.config())
     ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED]
@@ -98,7 +128,7 @@ def analyse_group(
     would = dict(
         zip(
             rewards,
-            group_advantages(values, ["g"] * len(values), scale_by_std=settings.scale_by_std)
+            group_advantages(values, ["g"] * len(values), scale_by_std=std_scale(settings.scale_by_std))
             if values
             else [],
             strict=True,
@@ -126,17 +156,45 @@ def analyse_group(
         else:
             row["advantage"] = would.get(r.rollout_id)
             row["reason"] = _rollout_reason(r, spans.get(r.rollout_id, []), flat, settings)
+        if source == "record":
+            _recorded_row(row, r)
         out.append(row)
+    trained_samples = len(batch.samples)
+    if source == "record":
+        trained_samples = sum(len(rec["samples"]) for rec in map(_record, rollouts) if rec is not None)
     return {
         "rollouts": out,
         "mean": mean,
         "std": std,
         "zero_variance": bool(values) and len({round(v, 9) for v in values}) == 1,
         "skipped_units": len(flat),
-        "trained_samples": len(batch.samples),
+        "trained_samples": trained_samples,
         "metrics": batch.metrics,
         "settings": settings.__dict__,
+        "source": source,
     }
+
+
+def _recorded_row(row: dict[str, Any], rollout: Rollout) -> None:
+    """A group row as the rollout's step recorded it (a train rollout without a record was not in the
+    step's batch: its group was dropped for a failure, or refill set it aside)."""
+    record = _record(rollout)
+    if record is None:
+        if rollout.mode == "train" and rollout.status == RolloutStatus.SUCCEEDED:
+            row.update(
+                trained=False,
+                advantage=None,
+                samples=0,
+                reason="not in its step's batch: dropped with its group (see dropped.jsonl) or set aside",
+            )
+        return
+    row.update(
+        trained=bool(record.get("trained")),
+        advantage=record.get("advantage"),
+        reason=record.get("reason"),
+        samples=len(record.get("samples") or []),
+        loss_weight=sum(float(x.get("loss_weight") or 0.0) for x in record.get("samples") or []),
+    )
 
 
 def _rollout_reason(rollout: Rollout, spans: list[Span], flat: set[Any], settings: Settings) -> str:
@@ -158,12 +216,13 @@ def analyse_rollout(
     rollout: Rollout,
     group: Sequence[Rollout],
     spans: dict[str, list[Span]],
-    settings: Settings = Settings(),
+    asked: Settings | None = None,
     tokenizer: Any = None,
     tokenizer_loading: bool = False,
 ) -> dict[str, Any]:
     """Each model call of ``rollout`` trained or skipped (and why), and the merged samples it makes."""
-    group_view = analyse_group(group, spans, settings)
+    settings, source = choose_settings(group, asked)
+    group_view = analyse_group(group, spans, asked)
     mine = next(row for row in group_view["rollouts"] if row["rollout_id"] == rollout.rollout_id)
     own = spans[rollout.rollout_id]
     reward = final_reward(own) or 0.0
@@ -206,7 +265,10 @@ def analyse_rollout(
                 reason = "zero-variance group: every rollout got the same reward"
             elif len(sample.input_ids) > settings.max_sample_tokens:
                 reason = f"overlong: {len(sample.input_ids)} tokens > max_sample_tokens {settings.max_sample_tokens}"
-            samples_out.append(_sample_view(index, agent, sample, members, mismatch, reason, mine, tokenizer))
+            view = _sample_view(index, agent, sample, members, mismatch, reason, mine, tokenizer)
+            if source == "record":
+                reason = _recorded_sample(view, sample, rollout, mine)
+            samples_out.append(view)
             for pos, member in enumerate(members):
                 if member is not None:
                     where[member.span_id] = (index, pos)
@@ -249,7 +311,24 @@ def analyse_rollout(
         "tokenizer": tokenizer is not None,
         "tokenizer_loading": tokenizer_loading,
         "settings": settings.__dict__,
+        "source": source,
     }
+
+
+def _recorded_sample(view: dict[str, Any], sample: Any, rollout: Rollout, mine: dict[str, Any]) -> str | None:
+    """Mark a rebuilt sample trained or not, with its advantage and loss weight, as the step recorded
+    it (matched by its calls' response ids); returns why it was not trained, None when it was."""
+    record = _record(rollout) or {}
+    trained = {tuple(x.get("calls") or ()): x for x in record.get("samples") or []}
+    hit = trained.get(tuple(sample.call_response_ids))
+    if hit is None:
+        view.update(
+            trained=False, reason=mine["reason"] or "not trained: its step's record lists no such sample"
+        )
+        view["loss_weight"] = None
+        return str(view["reason"])
+    view.update(trained=True, reason=None, advantage=hit.get("advantage"), loss_weight=hit.get("loss_weight"))
+    return None
 
 
 def _usable(call: LLMCall) -> bool:

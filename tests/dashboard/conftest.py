@@ -251,7 +251,7 @@ class Trained:
     history: list[dict[str, float]]
 
 
-def _fit(out: Path, steps: int, lr: float) -> dict[str, Any]:
+def _fit(out: Path, steps: int, lr: float, scale_by_std: bool = True) -> dict[str, Any]:
     from agl.algorithm.grpo import GRPO, GRPOConfig
     from agl.models import tiny_model
 
@@ -263,6 +263,7 @@ def _fit(out: Path, steps: int, lr: float) -> dict[str, Any]:
         lr=lr,
         eval_every=1,
         seed=3,
+        scale_by_std=scale_by_std,
     )
     trainer = agl.Trainer(algorithm=GRPO(config), n_runners=8, output_dir=str(out))
     result: dict[str, Any] = trainer.fit(count_agent, TRAIN_TASKS, ["count"])
@@ -271,11 +272,12 @@ def _fit(out: Path, steps: int, lr: float) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
-    """Two short real GRPO runs (their metrics overlaid); the first one's store is served."""
+    """Two short real GRPO runs (their metrics overlaid); the first one's store is served. The first runs
+    without std scaling (Dr. GRPO), so views that assumed GRPOConfig's defaults would show wrong advantages."""
     root = tmp_path_factory.mktemp("trained")
     # in a thread of its own: fit runs its own event loop, and Playwright's sync API holds this thread's
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        first = pool.submit(_fit, root / "runs" / "lr-1e-3", 3, 1e-3).result()
+        first = pool.submit(_fit, root / "runs" / "lr-1e-3", 3, 1e-3, False).result()
         pool.submit(_fit, root / "runs" / "lr-1e-2", 2, 1e-2).result()
     inner = SqliteLightningStore(str(root / "runs" / "lr-1e-3" / "store.db"))
     app = mount_dashboard(create_app(inner), inner, metrics_dir=root / "runs")

@@ -127,6 +127,10 @@ def test_a_rollout_shows_its_span_tree_messages_tool_calls_and_reward(page: Any,
         "tool result:" in page.locator("#transcript .card.llm").nth(1).inner_text()
     )  # the completion after the tool ran
     assert page.locator("#transcript .card.reward .big-reward").inner_text() == "0.800"
+    # no GRPO step recorded this rollout: its training section says it is a re-simulation
+    banner = page.locator("#training .source-banner[data-source='simulated']")
+    banner.wait_for()
+    assert "no training record" in banner.inner_text()
     page.locator("#trace tr", has_text="agl.reward").click()
     assert "flash" in (page.locator("#transcript .card.reward").get_attribute("class") or "")
     assert page.locator("#span-detail .big-reward").inner_text() == "0.800"  # and its detail panel
@@ -395,6 +399,12 @@ def test_the_group_view_and_what_was_trained(run_page: Any, trained: Trained) ->
     page.locator("#training-calls tbody tr").first.wait_for()
     verdicts = page.locator("#training-calls td.verdict").all_inner_texts()
     assert verdicts == ["TRAINED", "TRAINED"] or verdicts == ["trained", "trained"], verdicts
+    # the run's own training record, not a re-simulation with defaults (it ran without std scaling)
+    assert page.locator("#training .source-note[data-source='record']").count() == 1
+    assert page.locator("#training .source-banner").count() == 0
+    assert '"scale_by_std"' not in page.locator("#training").inner_text()
+    assert "scale_by_std=false" in page.locator("#training .source-note").inner_text()
+    assert "loss weight 0." in page.locator("#training").inner_text()
     strip = page.locator(".sample .strip").first
     completion = strip.locator(".tok.gen").first
     assert "logprob -" in (completion.get_attribute("title") or "")

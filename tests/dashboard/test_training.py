@@ -4,6 +4,7 @@ checked against GRPO's own batch code on the same spans."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agl import semconv as sc
 from agl.adapter import llm_calls, to_samples
 from agl.adapter.trajectory import classify_mismatch
 from agl.algorithm.grpo import GRPOConfig, build_batch
@@ -41,7 +43,7 @@ def _batch(trained: Trained, group_id: str) -> Any:
             for r in members
         }
         await store.aclose()
-        return members, build_batch(members, spans, GRPOConfig(model_path="-"))
+        return members, build_batch(members, spans, GRPOConfig(model_path="-", scale_by_std=False))
 
     return asyncio.run(read())
 
@@ -77,6 +79,16 @@ def test_the_group_view_matches_grpo_s_batch(http: httpx.Client, trained: Traine
     assert {r["rollout_id"]: r["advantage"] for r in view["rollouts"]} == pytest.approx(expected)
     assert all(r["trained"] and r["reason"] is None for r in view["rollouts"])
     assert view["zero_variance"] is False and view["step"] == 1 and view["input"] == "count"
+    assert view["source"] == "record" and view["settings"]["scale_by_std"] is False
+    # the run's loss weights: each trained rollout's share of step 1's loss (they sum to 1 over the step)
+    assert all(0 < r["loss_weight"] <= 1 for r in view["rollouts"])
+    # asking for GRPOConfig's default (std scaling) is a what-if: other advantages, and the view says so
+    what_if = get(http, f"groups/{live['group_id']}", scale_by_std="true")
+    assert what_if["source"] == "what_if" and what_if["settings"]["scale_by_std"] is True
+    spread = statistics.pstdev(r["reward"] for r in view["rollouts"])
+    scaled = {r["rollout_id"]: r["advantage"] for r in what_if["rollouts"]}
+    for r in view["rollouts"]:
+        assert scaled[r["rollout_id"]] == pytest.approx(r["advantage"] / (spread + 1e-6), rel=1e-3)
     assert abs(sum(r["advantage"] for r in view["rollouts"])) < 1e-6  # group-relative: they sum to 0
     flat = next(g for g in groups if g["zero_variance"])
     skipped = get(http, f"groups/{flat['group_id']}")
@@ -164,3 +176,32 @@ def test_the_first_training_view_does_not_wait_for_the_tokenizer(trained: Traine
         await store.aclose()
 
     asyncio.run(check())
+
+
+def test_every_step_records_what_it_trained_on_each_rollout(trained: Trained) -> None:
+    """The training record the views read: one per train rollout of each step, advantages that are
+    the Dr. GRPO ones the run used, loss weights summing to 1 over a step, skip reasons where none."""
+
+    async def read() -> list[Any]:
+        store = SqliteLightningStore(str(trained.out / "store.db"))
+        rows = (await store.query_rollouts(mode="train", limit=1000)).items
+        await store.aclose()
+        return rows
+
+    rollouts = asyncio.run(read())
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for r in rollouts:
+        record = r.metadata[sc.TRAINING_RECORD]
+        assert record["step"] == r.metadata["step"] and record["settings"]["scale_by_std"] is False
+        by_step.setdefault(record["step"], []).append(record)
+    assert sorted(by_step) == [1, 2, 3] and all(len(v) == 8 for v in by_step.values())
+    for step, records in by_step.items():
+        weights = [s["loss_weight"] for rec in records for s in rec["samples"]]
+        assert len(weights) == trained.history[step - 1]["samples"]
+        if weights:
+            assert sum(weights) == pytest.approx(1.0)
+        for rec in records:
+            assert rec["trained"] == bool(rec["samples"]) and (rec["reason"] is None) == rec["trained"]
+            for sample in rec["samples"]:
+                assert sample["calls"] and all(0 < a < b <= sample["tokens"] for a, b in sample["spans"])
+    assert all("zero-variance" in rec["reason"] for rec in by_step[2])

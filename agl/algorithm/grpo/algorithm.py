@@ -27,6 +27,7 @@ from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
 from agl.algorithm.grpo.failures import TaskIndex, failure_rows, write_dropped
 from agl.algorithm.grpo.judging import judge_evaluation
+from agl.algorithm.grpo.record import step_records, write_records
 from agl.algorithm.grpo.refill import StepRollouts
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
@@ -320,6 +321,7 @@ class GRPO(Algorithm):
                 if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
                     batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
                 rollout_s = time.perf_counter() - started
+                await write_records(ctx.store, step_records(step, drawn.rollouts, batch, cfg))
                 row = {**batch.metrics, **drawn.metrics}
                 row["trainer_idle_s"] = fetched.wait_s
                 if batch.samples:

@@ -30,6 +30,10 @@ class StepBatch:
     advantages: list[float]
     rollout_index: list[int]
     metrics: dict[str, float]
+    #: why a rollout trained nothing (rollout id -> reason), for the training record
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the advantage of a rollout that trained nothing but had one (an overlong sample's), by rollout id
+    would: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclass
@@ -153,12 +157,31 @@ def build_batch(
     advs: list[float] = []
     index: list[int] = []
     too_long = 0
+    kept = {r.rollout_id for r in ok}
+    reasons: dict[str, str] = {
+        r.rollout_id: f"rollout {r.status.value}: only succeeded rollouts train"
+        for r in rollouts
+        if r.rollout_id not in kept
+    }
+    with_units = {u.rollout for u in units}
+    for n, r in enumerate(ok):
+        if n not in with_units:  # an agent filter found none of its calls here
+            reasons[r.rollout_id] = f"no call of agent {config.agent!r}"
+    would: dict[str, float] = {}
     for u, adv in zip(units, unit_adv, strict=True):
+        rid = ok[u.rollout].rollout_id
         if u.key in flat:
+            reasons.setdefault(rid, "zero-variance group: every rollout got the same reward")
             continue
+        if not u.samples:
+            reasons.setdefault(rid, _no_sample_reason(spans[rid]))
         for s in u.samples:
             if len(s.input_ids) > config.max_sample_tokens:
                 too_long += 1
+                reasons.setdefault(
+                    rid, f"overlong: {len(s.input_ids)} tokens > max_sample_tokens {config.max_sample_tokens}"
+                )
+                would.setdefault(rid, adv if s.token_advantages is None else _sample_advantage(s))
                 continue
             samples.append(s)
             advs.append(adv if s.token_advantages is None else _sample_advantage(s))
@@ -184,7 +207,18 @@ def build_batch(
         "calls_without_token_ids": float(report.skipped_no_token_ids),
         **{f"mismatch_{k}": float(v) for k, v in report.mismatches.items()},
     }
-    return StepBatch(samples, advs, index, metrics)
+    trained = {s.rollout_id for s in samples}
+    reasons = {rid: why for rid, why in reasons.items() if rid not in trained}
+    return StepBatch(samples, advs, index, metrics, reasons, would)
+
+
+def _no_sample_reason(spans: list[Span]) -> str:
+    calls = llm_calls(spans)
+    if not calls:
+        return "no model calls"
+    if not any(c.has_token_ids for c in calls):
+        return "no token ids: the backend returned none"
+    return "logprobs do not match the completion tokens"
 
 
 __all__ = ["StepBatch", "build_batch"]

@@ -357,10 +357,21 @@ function showSpan(panel, rolloutId, sp) {
 }
 
 // ----- what GRPO trains on: each call trained or skipped (and why), the merged samples' tokens ------
+// where a training view's verdicts come from: the run's own record, or a re-simulation (then say so)
+function sourceBanner(source, settings) {
+  const shown = Object.entries(settings || {}).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(" · ");
+  if (source === "record") return h("div", { class: "mute source-note", "data-source": "record" }, "As the run's training record says (settings: " + shown + ")");
+  const text = source === "what_if"
+    ? "What-if: re-simulated with the settings asked for, not the run's recorded ones (" + shown + ")"
+    : "Re-simulated: this store has no training record for these rollouts, so they are shown as GRPO with these settings would train them (" + shown + "); advantages and trained flags may differ from what the run did";
+  return h("div", { class: "banner source-banner", "data-source": source }, text);
+}
+
 function trainingSection(t, byId, select) {
-  const box = h("div", { id: "training" }, h("h3", {}, "What was trained (GRPO, as a step with default settings sees it)"));
+  const box = h("div", { id: "training" }, h("h3", {}, "What was trained (GRPO)"));
   if (!t) return box.appendChild(h("div", { class: "empty", id: "training-pending" }, "analysing what GRPO trains on…")) && box;
   if (t.error) return box.appendChild(h("div", { class: "empty" }, "Could not analyse: " + t.error)) && box;
+  box.append(sourceBanner(t.source, t.settings));
   const g = t.group;
   const mine = g.rollouts.find((row) => row.rollout_id === t.rollout_id) || {};
   const skipWord = mine.mode && mine.mode !== "train" ? "not trained" : "skipped"; // GRPO never trains val rollouts
@@ -402,7 +413,7 @@ function sampleStrip(sm, decoded, loading, skipWord) {
   return h("div", { class: "panel sample", "data-sample": sm.index },
     h("div", { class: "title" }, h("b", {}, `Sample #${sm.index + 1}`), h("span", { class: "mute" },
       `  ${sm.length} tokens · ${sm.model_tokens} completion tokens ${sm.trained ? "trained on" : "(not trained)"} · ${sm.num_calls} call${sm.num_calls === 1 ? "" : "s"} merged` +
-      (sm.agent ? ` · agent ${sm.agent}` : "") + ` · advantage ${fmtNum(sm.advantage)}`),
+      (sm.agent ? ` · agent ${sm.agent}` : "") + ` · advantage ${fmtNum(sm.advantage)}` + (sm.loss_weight !== null && sm.loss_weight !== undefined ? ` · loss weight ${fmtNum(sm.loss_weight)}` : "")),
       " ", sm.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled", title: sm.reason }, `${skipWord}: ${sm.reason}`)),
     sm.mismatch ? h("div", { class: "mismatch" }, `Starts a new sample: prefix mismatch (${sm.mismatch.class}) with the previous sample at token ${sm.mismatch.at}.`) : null,
     h("div", { class: "legend" }, h("span", { class: "tok ctx" }, "context (mask 0)"), h("span", { class: "tok gen", style: "background:hsl(100,70%,80%)" }, "completion, likely"),
@@ -495,12 +506,13 @@ function groupView(groupId) {
       fill(view, 
         h("h2", {}, h("a", { href: "#/rollouts?group_id=" + encodeURIComponent(groupId) }, "Group"), " ", h("span", { class: "mono" }, groupId), " ",
           groupBadge(g.mode, g.zero_variance, `trained: ${g.trained_samples} sample${g.trained_samples === 1 ? "" : "s"}`, true)),
+        sourceBanner(g.source, g.settings),
         h("div", { class: "panel kv", id: "group-summary" },
           h("span", {}, "task"), h("pre", {}, pretty(g.input)),
           h("span", {}, "resources"), h("span", {}, g.resources_id ? [h("a", { href: "#/resources/" + encodeURIComponent(g.resources_id), class: "mono" }, g.resources_id),
             ` (resources v${g.resources_version}` + (g.model_version ? ` · weights ${g.model_version})` : ")")] : "–"),
           h("span", {}, "step · mode"), h("span", {}, g.step !== null && g.step !== undefined ? [h("a", { href: "#/step/" + g.step }, "step " + g.step), " · " + g.mode] : g.mode),
-          h("span", {}, "reward"), h("span", {}, `mean ${fmtNum(g.mean)} · std ${fmtNum(g.std)}` + (g.settings.scale_by_std ? " · advantage = (reward − mean) / std" : " · advantage = reward − mean"))),
+          h("span", {}, "reward"), h("span", {}, `mean ${fmtNum(g.mean)} · std ${fmtNum(g.std)}` + (g.settings.scale_by_std && g.settings.scale_by_std !== "none" ? " · advantage = (reward − mean) / std" : " · advantage = reward − mean"))),
         h("div", { class: "group-grid", id: "group-grid" }, g.rollouts.map((r) => h("div", {
           class: "panel member link" + (r.trained ? " trained" : " skipped"), "data-rollout": r.rollout_id,
           onclick: () => { location.hash = "#/rollout/" + encodeURIComponent(r.rollout_id); },
