@@ -238,9 +238,10 @@ async def count_agent(task: str, llm: LLM) -> float:
     ]
     second = await client.chat.completions.create(model=llm.model, messages=messages, max_tokens=4)
     await client.close()
+    text = (first.choices[0].message.content or "") + (second.choices[0].message.content or "")
+    agl.emit_object({"has_digit": any(c.isdigit() for c in text), "label": "not a number"})  # a curve
     if task != "count":
         return 0.5  # every rollout of the task gets the same reward: a zero-variance group
-    text = (first.choices[0].message.content or "") + (second.choices[0].message.content or "")
     return sum(c.isdigit() for c in text) / 8 + (sum(map(ord, text)) % 97) / 9700
 
 

@@ -367,6 +367,12 @@ def test_curves_of_a_real_run(run_page: Any, trained: Trained) -> None:
         "ts => ts.map(t => t.textContent)"
     )
     assert len(set(ratio)) == len(ratio) > 1, ratio  # no tick reads the same as another
+    # behaviour curves, and the agent's emit_object flag as a curve of its own, folded
+    groups = page.locator("#metric-charts details.metric-group").evaluate_all(
+        "ds => ds.map(d => d.dataset.group)"
+    )
+    assert "behaviour" in groups, groups  # a lone emitted name folds under "other"
+    assert page.locator(".chart[data-title='emitted_has_digit']").count() == 1
     # step 2 drew only zero-variance groups: no update, so a marker, and the loss line has a gap there
     loss = page.locator(".chart[data-title='loss']")
     assert loss.locator("line.no-update").count() >= 1

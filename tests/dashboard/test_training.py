@@ -205,3 +205,11 @@ def test_every_step_records_what_it_trained_on_each_rollout(trained: Trained) ->
             for sample in rec["samples"]:
                 assert sample["calls"] and all(0 < a < b <= sample["tokens"] for a, b in sample["spans"])
     assert all("zero-variance" in rec["reason"] for rec in by_step[2])
+
+
+def test_each_step_logs_what_the_agent_did(trained: Trained) -> None:
+    """Behaviour curves from the run's own spans: two calls a rollout, no tool, the emitted flag."""
+    for row in trained.history:
+        assert row["behaviour_calls_per_rollout"] == 2.0 and row["behaviour_tool_call_rate"] == 0.0
+        assert 0 < row["behaviour_completion_tokens"] <= 4  # max_tokens=4
+        assert 0.0 <= row["emitted_has_digit"] <= 1.0 and "emitted_label" not in row

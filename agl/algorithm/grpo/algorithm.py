@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agl.adapter.behaviour import step_behaviour
 from agl.algorithm.base import Algorithm, Evaluation, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_trained
 from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog
@@ -323,6 +324,7 @@ class GRPO(Algorithm):
                 rollout_s = time.perf_counter() - started
                 await write_records(ctx.store, step_records(step, drawn.rollouts, batch, cfg))
                 row = {**batch.metrics, **drawn.metrics}
+                row.update(step_behaviour({r.rollout_id: drawn.spans[r.rollout_id] for r in drawn.rollouts}))
                 row["trainer_idle_s"] = fetched.wait_s
                 if batch.samples:
                     row.update(
