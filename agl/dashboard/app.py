@@ -30,7 +30,7 @@ from starlette.staticfiles import StaticFiles
 from agl import errors
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
-from agl.dashboard import training, views
+from agl.dashboard import changes, training, views
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
 from agl.store.read_model import ListedRollout, RolloutSearch, RolloutSort, StoreWithReadModel
 from agl.store.sqlite import SqliteLightningStore
@@ -498,6 +498,21 @@ def _group_rows(rows: list[ListedRollout], zero_variance_groups: Callable[..., A
     return out
 
 
+def _changes_routes(ctx: _Context) -> dict[str, Handler]:
+    """What the agent learned: the tasks whose reward changed between two versions, one task across all."""
+
+    async def changed(request: Request) -> dict[str, Any]:
+        q = request.query_params
+        mode = q.get("mode") or "val"
+        return await changes.changes(ctx.store, mode, q.get("before") or None, q.get("after") or None)
+
+    async def task(request: Request) -> dict[str, Any]:
+        mode = request.query_params.get("mode") or None
+        return await changes.task_history(ctx.store, request.path_params["task"], mode)
+
+    return {"/api/changes": changed, "/api/tasks/{task}": task}
+
+
 def _resources_routes(ctx: _Context) -> dict[str, Handler]:
     """Resources versions and their diffs, the reward curves, and the metrics.csv runs."""
     store = ctx.store
@@ -630,6 +645,7 @@ def create_dashboard(
         **_rollout_routes(ctx),
         **_training_routes(ctx),
         **_resources_routes(ctx),
+        **_changes_routes(ctx),
     }
     routes = [
         Route("/", index),

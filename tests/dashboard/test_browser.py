@@ -682,3 +682,18 @@ def test_a_rollout_page_does_not_wait_for_its_tokenizer(run_page: Any, trained: 
     page.wait_for_function("!document.querySelector('.tokenizer-note')", timeout=60_000)  # decoded later
     title = page.locator(".sample .strip .tok").first.get_attribute("title") or ""
     assert re.search(r'id \d+ · ".*"', title), title  # each token's text, decoded
+
+
+@pytest.mark.slow  # the session's two tiny-model GRPO runs (~40 s, shared with test_training)
+def test_what_changed_step_by_step_on_a_real_run(run_page: Any, trained: Trained) -> None:
+    """Validation ran before the first step and after each: each version against the one before."""
+    page = run_page
+    page.goto(f"{trained.url}/ui/#/changes")
+    steps = page.locator("#changes-steps tbody tr")
+    steps.first.wait_for()
+    updates = [row for row in trained.history if row["samples"] > 0]  # a step without one publishes none
+    assert steps.count() == len(updates) == 2  # v0 -> v1 -> v2, each validated
+    steps.nth(1).click()
+    page.locator("#changes-steps tbody tr.selected").wait_for()
+    assert page.locator("#changes-steps tbody tr.selected").inner_text().startswith("v")
+    assert "the same" in page.locator("#changes-summary").inner_text()

@@ -99,12 +99,14 @@ function route() {
   const parts = path.split("/").filter(Boolean);
   const params = new URLSearchParams(query || "");
   document.querySelectorAll("[data-nav]").forEach((a) =>
-    a.classList.toggle("active", a.dataset.nav === ({ rollout: "rollouts", group: "rollouts", step: "curves" }[parts[0]] || parts[0])));
+    a.classList.toggle("active", a.dataset.nav === ({ rollout: "rollouts", group: "rollouts", step: "curves", task: "changes" }[parts[0]] || parts[0])));
   if (parts[0] === "rollout" && parts[1]) return rolloutView(decodeURIComponent(parts[1]), params);
   if (parts[0] === "group" && parts[1]) return groupView(decodeURIComponent(parts[1]));
   if (parts[0] === "step" && parts[1]) return stepView(decodeURIComponent(parts[1]), params.get("run"));
   if (parts[0] === "resources") return resourcesView(parts[1] ? decodeURIComponent(parts[1]) : null, params.get("against"));
   if (parts[0] === "curves") return curvesView();
+  if (parts[0] === "changes") return changesView(params);
+  if (parts[0] === "task" && parts[1]) return taskView(decodeURIComponent(parts[1]), params.get("mode"));
   return rolloutsView(params);
 }
 
@@ -756,6 +758,60 @@ function chart(title, series, opts = {}) {
   box.append(svg, h("div", { class: "legend" }, series.map((sr) => h("span", {}, h("span", { style: `color:${sr.color}` }, "●"), " " + sr.name)),
     markers.length ? h("span", { class: "no-update-legend" }, "× step without an update (in its run's colour)") : null), readout);
   return box;
+}
+
+// ----- what it learned, or hacked: the tasks whose reward moved between two versions, one task across all --
+const versionName = (v) => (v ? `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") : "–");
+const deltaText = (d) => (d > 0 ? "+" : "") + fmtNum(d);
+
+function changesView(params) {
+  fill(view, h("div", { class: "empty" }, "loading…"));
+  const mode = params.get("mode") || "val";
+  const pick = (name, value) => { const q = new URLSearchParams(params); q.set(name, value); location.hash = "#/changes?" + q; };
+  return {
+    load: () => api("changes?" + params),
+    draw: (c) => {
+      const byId = Object.fromEntries(c.versions.map((v) => [v.resources_id, v]));
+      const picker = (name) => h("select", { id: "changes-" + name, onchange: (e) => pick(name, e.target.value) },
+        c.versions.map((v) => h("option", { value: v.resources_id, selected: v.resources_id === c[name] }, `${versionName(v)} · mean ${fmtReward(v.mean)} over ${v.tasks} tasks`)));
+      const reply = (cell) => h("td", { class: "reply" }, h("div", { class: "reward" }, fmtReward(cell.reward) + (cell.n > 1 ? ` (mean of ${cell.n})` : "")),
+        h("a", { href: "#/rollout/" + encodeURIComponent(cell.rollout_id) }, h("pre", {}, preview(cell.reply || "(no reply)", 600))));
+      fill(view,
+        h("h2", {}, "What changed ", h("span", { class: "mute" }, mode === "val" ? "(held-out tasks)" : `(${mode} tasks)`)),
+        c.versions.length < 2 ? h("div", { class: "empty", id: "changes-empty" }, `Fewer than two versions ran ${mode} tasks: nothing to compare yet.`)
+          : [h("div", { class: "filters" }, "from ", picker("before"), " to ", picker("after"),
+            h("label", { class: "chip" }, h("input", { type: "radio", name: "mode", checked: mode === "val", onchange: () => pick("mode", "val") }), " held-out"),
+            h("label", { class: "chip" }, h("input", { type: "radio", name: "mode", checked: mode === "train", onchange: () => pick("mode", "train") }), " train")),
+          h("div", { class: "mute", id: "changes-summary" }, `${c.changed.length} task${c.changed.length === 1 ? "" : "s"} changed reward (${c.changed.filter((x) => x.delta > 0).length} up, ${c.changed.filter((x) => x.delta < 0).length} down), ${c.same} the same, from ${versionName(byId[c.before])} to ${versionName(byId[c.after])}`),
+          c.steps.length > 1 ? h("table", { id: "changes-steps", class: "compact" },
+            h("thead", {}, h("tr", {}, ["each version against the one before", "up", "down"].map((x) => h("th", {}, x)))),
+            h("tbody", {}, c.steps.map((st) => h("tr", { class: "link" + (st.before === c.before && st.after === c.after ? " selected" : ""), "data-after": st.after,
+              onclick: () => { const q = new URLSearchParams(params); q.set("before", st.before); q.set("after", st.after); location.hash = "#/changes?" + q; } },
+              h("td", {}, `${versionName(byId[st.before])} → ${versionName(byId[st.after])}`), h("td", { class: "delta pos" }, st.up), h("td", { class: "delta neg" }, st.down))))) : null,
+          c.changed.length ? h("table", { id: "changes-table" },
+            h("thead", {}, h("tr", {}, ["task", "change", "before: reward and reply", "after: reward and reply"].map((x) => h("th", {}, x)))),
+            h("tbody", {}, c.changed.map((row) => h("tr", { "data-task": row.task, class: row.delta > 0 ? "up" : "down" },
+              h("td", {}, h("a", { href: `#/task/${row.task}?mode=${mode}` }, h("pre", {}, preview(typeof row.input === "string" ? row.input : JSON.stringify(row.input), 200)))),
+              h("td", { class: "delta " + (row.delta > 0 ? "pos" : "neg") }, deltaText(row.delta)),
+              reply(row.before), reply(row.after))))) : null]);
+    },
+  };
+}
+
+function taskView(key, mode) {
+  fill(view, h("div", { class: "empty" }, "loading…"));
+  return {
+    load: () => api("tasks/" + encodeURIComponent(key) + (mode ? "?mode=" + encodeURIComponent(mode) : "")),
+    draw: (t) => fill(view,
+      h("h2", {}, h("a", { href: "#/changes" + (mode ? "?mode=" + mode : "") }, "What changed"), " · one task across versions"),
+      h("div", { class: "panel kv" }, h("span", {}, "task"), h("pre", {}, typeof t.input === "string" ? t.input : JSON.stringify(t.input, null, 2))),
+      h("table", { id: "task-history" },
+        h("thead", {}, h("tr", {}, ["version", "mode", "reward", "calls", "tool calls", "reply"].map((x) => h("th", {}, x)))),
+        h("tbody", {}, t.rollouts.map((r) => h("tr", { class: "link", "data-rollout": r.rollout_id, onclick: () => { location.hash = "#/rollout/" + encodeURIComponent(r.rollout_id); } },
+          h("td", {}, r.version === null ? "–" : `v${r.version}` + (r.model_version ? ` · ${r.model_version}` : "")), h("td", {}, r.mode),
+          h("td", { class: "reward" }, fmtReward(r.reward)), h("td", {}, r.calls), h("td", {}, r.tool_calls),
+          h("td", { class: "reply" }, h("pre", {}, preview(r.reply || "(no reply)", 400)))))))),
+  };
 }
 
 // ----- start ---------------------------------------------------------------------------------------

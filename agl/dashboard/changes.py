@@ -1,0 +1,219 @@
+"""What the agent learned, or hacked: the same task across policy versions, and the tasks that changed.
+
+A task is its input (canonical JSON); its rollouts at each resources version are compared by mean
+reward, and their replies (from the store's digests) are shown side by side. ``changes`` lists the
+tasks whose reward moved between two versions (held-out ones by default: mode ``val``), largest move
+first; ``task_history`` is one task at every version, with its calls and tool use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from agl.adapter.behaviour import rollout_behaviour
+from agl.dashboard import views
+from agl.errors import NotFoundError
+from agl.schemas import ResourcesVersion
+from agl.store.read_model import ListedRollout, RolloutSearch, StoreWithReadModel
+
+#: rollouts read for one comparison (a validation set times its versions)
+MAX_READ = 20_000
+#: a reward move smaller than this is no change (float noise of a mean)
+EPS = 1e-9
+
+
+def task_key(given: Any) -> str:
+    """A short stable id of a task input: its canonical JSON's hash (the same input, the same key)."""
+    raw = orjson.dumps(given, option=orjson.OPT_SORT_KEYS, default=repr)
+    return hashlib.sha1(raw).hexdigest()[:12]
+
+
+@dataclass
+class _Cell:
+    """One task at one version: its rollouts' rewards and the first reply."""
+
+    rewards: list[float] = field(default_factory=list)
+    rollout_ids: list[str] = field(default_factory=list)
+    reply: str | None = None
+
+    @property
+    def mean(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "reward": self.mean,
+            "n": len(self.rollout_ids),
+            "rollout_id": self.rollout_ids[0],
+            "reply": self.reply,
+        }
+
+
+async def _listed(store: StoreWithReadModel, mode: str) -> list[ListedRollout]:
+    rows: list[ListedRollout] = []
+    while len(rows) < MAX_READ:
+        page = await store.search_rollouts(
+            RolloutSearch(mode=mode, sort="created", descending=False, limit=1000, offset=len(rows))
+        )
+        rows += page.items
+        if not page.items or len(rows) >= page.total:
+            break
+    return rows
+
+
+async def _versions(store: StoreWithReadModel, ids: set[str]) -> dict[str, ResourcesVersion]:
+    async def one(rid: str) -> ResourcesVersion | None:
+        try:
+            return await store.get_resources(rid)
+        except NotFoundError:
+            return None
+
+    found = await asyncio.gather(*(one(rid) for rid in sorted(ids)))
+    return {v.resources_id: v for v in found if v is not None}
+
+
+def _table(rows: Sequence[ListedRollout]) -> tuple[dict[str, dict[str, _Cell]], dict[str, Any]]:
+    """``{resources_id: {task key: cell}}`` and each task key's input."""
+    cells: dict[str, dict[str, _Cell]] = defaultdict(lambda: defaultdict(_Cell))
+    inputs: dict[str, Any] = {}
+    for row in rows:
+        r = row.rollout
+        if r.resources_id is None:
+            continue
+        key = task_key(r.input)
+        inputs.setdefault(key, r.input)
+        cell = cells[r.resources_id][key]
+        cell.rollout_ids.append(r.rollout_id)
+        if row.digest is not None and row.digest.reward is not None:
+            cell.rewards.append(row.digest.reward)
+        if cell.reply is None and row.digest is not None:
+            cell.reply = row.digest.reply
+    return cells, inputs
+
+
+def _version_view(v: ResourcesVersion, cells: dict[str, _Cell]) -> dict[str, Any]:
+    means = [m for c in cells.values() if (m := c.mean) is not None]
+    return {
+        "resources_id": v.resources_id,
+        "version": v.version,
+        "model_version": views.model_version(v),
+        "tasks": len(cells),
+        "mean": sum(means) / len(means) if means else None,
+    }
+
+
+async def changes(
+    store: StoreWithReadModel, mode: str = "val", before: str | None = None, after: str | None = None
+) -> dict[str, Any]:
+    """The tasks of ``mode`` whose mean reward moved from version ``before`` to ``after`` (by default
+    the first and the last version that ran them), with both replies; and every such version."""
+    cells, inputs = _table(await _listed(store, mode))
+    versions = await _versions(store, set(cells))
+    ordered = sorted(versions.values(), key=lambda v: v.version)
+    listed = [_version_view(v, cells[v.resources_id]) for v in ordered]
+    for name, given in (("before", before), ("after", after)):
+        if given is not None and given not in cells:
+            raise NotFoundError(f"{name}: no {mode} rollout ran at resources version {given!r}")
+    if len(ordered) < 2 and (before is None or after is None):
+        return {
+            "mode": mode,
+            "versions": listed,
+            "before": None,
+            "after": None,
+            "changed": [],
+            "same": 0,
+            "steps": [],
+        }
+    a = before or ordered[0].resources_id
+    b = after or ordered[-1].resources_id
+    changed, same = _compare(cells[a], cells[b])
+    steps = []  # each version against the one before it: where the changes happened
+    for was, now in zip(ordered, ordered[1:], strict=False):
+        moved, _ = _compare(cells[was.resources_id], cells[now.resources_id])
+        up = sum(1 for _, delta, _ in moved if delta > 0)
+        steps.append(
+            {"before": was.resources_id, "after": now.resources_id, "up": up, "down": len(moved) - up}
+        )
+    return {
+        "mode": mode,
+        "versions": listed,
+        "before": a,
+        "after": b,
+        "changed": [
+            {
+                "task": key,
+                "input": views.redact(inputs[key]),
+                "delta": delta,
+                "before": x.view(),
+                "after": y.view(),
+            }
+            for key, delta, (x, y) in changed
+        ],
+        "same": same,
+        "only_before": len(set(cells[a]) - set(cells[b])),
+        "only_after": len(set(cells[b]) - set(cells[a])),
+        "steps": steps,
+    }
+
+
+Moved = tuple[str, float, tuple[_Cell, _Cell]]
+
+
+def _compare(was: dict[str, _Cell], now: dict[str, _Cell]) -> tuple[list[Moved], int]:
+    """The tasks both versions ran whose mean reward moved (largest move first), and how many did not."""
+    changed: list[Moved] = []
+    same = 0
+    for key in sorted(set(was) & set(now)):
+        x, y = was[key], now[key]
+        if x.mean is None or y.mean is None:
+            continue
+        delta = y.mean - x.mean
+        if abs(delta) <= EPS:
+            same += 1
+        else:
+            changed.append((key, delta, (x, y)))
+    changed.sort(key=lambda row: (-abs(row[1]), row[0]))
+    return changed, same
+
+
+async def task_history(store: StoreWithReadModel, key: str, mode: str | None = None) -> dict[str, Any]:
+    """One task (by :func:`task_key`) at every version that ran it: reward, reply, calls and tool use."""
+    modes = [mode] if mode else ["val", "train"]
+    rows = [row for m in modes for row in await _listed(store, m) if task_key(row.rollout.input) == key]
+    if not rows:
+        raise NotFoundError(f"no {' or '.join(modes)} rollout has a task with key {key!r}")
+    versions = await _versions(store, {r.rollout.resources_id for r in rows if r.rollout.resources_id})
+    spans = await asyncio.gather(
+        *(store.query_spans(rollout_id=r.rollout.rollout_id, attempt_id="latest", limit=10_000) for r in rows)
+    )
+    out = []
+    for row, page in zip(rows, spans, strict=True):
+        r = row.rollout
+        version = versions.get(r.resources_id or "")
+        did = rollout_behaviour(page.items)
+        out.append(
+            {
+                "rollout_id": r.rollout_id,
+                "mode": r.mode,
+                "status": r.status.value,
+                "resources_id": r.resources_id,
+                "version": version.version if version else None,
+                "model_version": views.model_version(version) if version else None,
+                "reward": row.digest.reward if row.digest else None,
+                "reply": row.digest.reply if row.digest else None,
+                "calls": int(did["calls"]),
+                "tool_calls": int(did["tool_calls"]),
+            }
+        )
+    out.sort(key=lambda x: (x["version"] is None, x["version"] or 0, x["mode"], x["rollout_id"]))
+    return {"task": key, "input": views.redact(rows[0].rollout.input), "rollouts": out}
+
+
+__all__ = ["changes", "task_history", "task_key"]
