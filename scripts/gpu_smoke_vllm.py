@@ -114,9 +114,7 @@ def _trainer_view(tiny: str, calls: list[tuple[Any, dict[str, Any]]], device: st
     for rollout, attrs in calls:
         messages = [{"role": "user", "content": f"{PROMPT} {rollout.input}"}]
         expected: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        expected = (
-            expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
-        )
+        expected = expected["input_ids"] if hasattr(expected, "keys") else expected  # a BatchEncoding
         same += list(attrs[sc.LLM_PROMPT_TOKEN_IDS]) == list(expected)
     ids_check = Check(same == len(calls) > 0, f"{same}/{len(calls)} prompts tokenized as the trainer does")
     policy = Policy(PolicyConfig(model_path=tiny, device=device), LossConfig())  # the base weights (v0)
