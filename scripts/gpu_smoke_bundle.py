@@ -185,7 +185,7 @@ CHECK_IMPORTS = ("agl.gateway.app", "agl.trainer", "agl.asgi_server", "openai", 
 def write_bundle(out: Path, python: str = "3.12", limit: int = LIMIT_BYTES) -> dict[str, object]:
     """Write the wheels and ``install.sh`` into ``out`` and return what it holds; fails over ``limit``."""
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.whl"):  # one version of each: two would stop the install
+    for old in out.glob("*.whl"):  # one version of each: two would make the install fail
         old.unlink()
     pins = required_packages(python)
     _download(list(pins.values()), out, python)
