@@ -4,7 +4,9 @@ A reward names its target by one of ``response_id`` (the completion id the clien
 as ``agl.emit_reward(..., response_id=...)``), ``rollout_id`` or ``session_id`` (the rollout's final
 reward), minutes or days after the calls. It is recorded as ``agl.emit_reward`` records one: an
 ``agl.reward`` span on the target rollout's latest attempt, which the adapters and SFT's ``min_reward``
-read. It is idempotent: the span id is derived from the ``idempotency_key`` (body field or
+read. A final reward (by session or rollout id) also finishes an online rollout (``succeeded``), so
+``SFTConfig(from_store=...)``, which reads succeeded rollouts, trains on it; the conversation's later calls
+are still recorded on it. It is idempotent: the span id is derived from the ``idempotency_key`` (body field or
 ``Idempotency-Key`` header) or, without one, from (target, ``name``), so the same reward posted twice,
 or retried after a lost reply, is stored once (the answer says ``"duplicate": true``).
 
@@ -28,10 +30,16 @@ from typing import Any
 import orjson
 
 from agl import semconv as sc
-from agl.errors import GatewayError, InvalidRequestError, NotFoundError
+from agl.errors import (
+    ConflictError,
+    GatewayError,
+    InvalidRequestError,
+    InvalidTransitionError,
+    NotFoundError,
+)
 from agl.gateway.online import ONLINE_MODE, OnlineRollouts, session_rollout_id
 from agl.gateway.validation import HTTPError
-from agl.schemas import Span
+from agl.schemas import AttemptStatus, Span
 from agl.store.base import LightningStore
 
 REWARDS_PATH = "/v1/agl/rewards"
@@ -161,15 +169,28 @@ class Rewards:
             ) from None
         self.recorded += bool(stored)
         self.duplicates += not stored
+        finished = post.target != "response_id" and await self._finish(rollout_id, attempt_id)
         return {
             "recorded": bool(stored),
             "duplicate": not stored,
+            "finished": finished,
             "rollout_id": rollout_id,
             "attempt_id": attempt_id,
             "span_id": span.span_id,
             "name": post.name,
             "reward": post.reward,
         }
+
+    async def _finish(self, rollout_id: str, attempt_id: str) -> bool:
+        """Mark an unfinished online rollout succeeded (it has its final reward); True if this did."""
+        rollout = await self.store.get_rollout(rollout_id)
+        if rollout.mode != ONLINE_MODE or rollout.status.is_terminal:
+            return False
+        try:
+            await self.store.update_attempt(rollout_id, attempt_id, status=AttemptStatus.SUCCEEDED)
+        except (InvalidTransitionError, ConflictError):  # finished meanwhile (two rewards at once)
+            return False
+        return True
 
     async def _target(self, post: RewardPost) -> tuple[str, str]:
         if post.target == "response_id":

@@ -14,10 +14,11 @@ from openai.types.chat import ChatCompletionMessageParam
 import agl
 from agl import semconv as sc
 from agl.adapter.rewards import call_rewards, final_reward
+from agl.algorithm.sft.offline import samples_from_store
 from agl.errors import InvalidRequestError
 from agl.gateway import Gateway, GatewayConfig
 from agl.gateway.online import session_rollout_id
-from agl.schemas import LLMCall, Span
+from agl.schemas import LLMCall, RolloutStatus, Span
 from agl.store import InMemoryLightningStore
 from tests.support.openai_upstream import OpenAIUpstream, token_ids_of
 
@@ -82,17 +83,18 @@ async def test_late_rewards_by_response_session_and_rollout_reach_the_adapter(
 
     # by response id, at once (the call's span may still be on its way to the store)
     answer = agl.post_reward(online.url, 0.25, response_id=first.id, token=REWARD)
-    assert answer["recorded"] and answer["rollout_id"] == alice
+    assert answer["recorded"] and answer["rollout_id"] == alice and not answer["finished"]
     # by session, through the HTTP route itself (what curl sends), with the admin token
     r = httpx.post(
         f"{online.url}/v1/agl/rewards",
         json={"session_id": "alice", "reward": 1.0},
         headers={"authorization": f"Bearer {ADMIN}"},
     )
-    assert r.status_code == 200 and r.json()["rollout_id"] == alice, r.text
+    assert r.status_code == 200 and r.json()["rollout_id"] == alice and r.json()["finished"], r.text
     # by rollout id, a later reward with another name
     answer = agl.post_reward(online.url, 0.5, rollout_id=bob, name="thumbs", token=REWARD)
     assert answer["recorded"] and answer["rollout_id"] == bob
+    late = await client.chat.completions.create(model="m", messages=USER, user="alice")  # still recorded
     await online.flush()
 
     alice_spans, bob_spans = await spans_of(store, alice), await spans_of(store, bob)
@@ -105,6 +107,15 @@ async def test_late_rewards_by_response_session_and_rollout_reach_the_adapter(
         s.sequence_id or 0 for s in bob_spans if s.name == sc.SPAN_LLM_CALL
     )
     assert other.id not in call_rewards(bob_spans)
+    assert late.id in {s.attributes.get(sc.LLM_RESPONSE_ID) for s in alice_spans}
+    # a final reward finished each conversation, so offline SFT selects by it (min_reward)
+    assert {r.rollout_id: r.status for r in (await store.query_rollouts(mode="online")).items} == {
+        alice: RolloutStatus.SUCCEEDED,
+        bob: RolloutStatus.SUCCEEDED,
+    }
+    selection = await samples_from_store(store, min_reward=1.0)
+    assert selection.counts["succeeded"] == 2 and selection.counts["kept_rollouts"] == 1
+    assert selection.samples and selection.counts["reward_mean"] == 1.0
 
 
 async def test_a_reward_is_recorded_once_per_target_and_name_or_per_idempotency_key(
