@@ -54,7 +54,7 @@ async def test_online_calls_never_wait_for_a_dead_store_and_none_is_lost(
                     model=upstream.model,
                     messages=[{"role": "user", "content": f"turn {turn}"}],
                     max_tokens=4,
-                    **({"user": session} if turn % 4 != 3 else {}),
+                    extra_headers={"x-agl-session-id": session} if turn % 4 != 3 else {},
                 )
                 if down:
                     outage_latencies.append(time.perf_counter() - began)
