@@ -17,7 +17,7 @@ from agl.adapter.rewards import call_rewards, final_reward
 from agl.algorithm.sft.offline import samples_from_store
 from agl.errors import InvalidRequestError
 from agl.gateway import Gateway, GatewayConfig
-from agl.gateway.online import session_rollout_id
+from agl.gateway.online import session_of, session_rollout_id
 from agl.schemas import LLMCall, RolloutStatus, Span
 from agl.store import InMemoryLightningStore
 from tests.support.openai_upstream import OpenAIUpstream, token_ids_of
@@ -196,3 +196,33 @@ def test_post_reward_raises_naming_the_field(online: Gateway) -> None:
     with pytest.raises(InvalidRequestError, match="got none") as caught:
         agl.post_reward(f"{online.url}/v1", 1.0, token=REWARD)  # a base URL ending in /v1 works too
     assert caught.value.param == "response_id"
+
+
+def test_a_calls_session_is_its_header_else_its_user_field() -> None:
+    header = {b"x-agl-session-id": b"from-header"}
+    assert session_of(header, b'{"user": "from-body"}') == "from-header"
+    assert session_of({}, b'{"model": "m", "user": "u-1"}') == "u-1"
+    assert session_of({}, b'{"model": "m", "metadata": {"user_id": "claude-user"}}') == "claude-user"
+    for raw in (b'{"model": "m"}', b'{"user": ""}', b'{"user": 7}', b'{"user": broken', b'["user"]'):
+        assert session_of({}, raw) is None, raw
+
+
+async def test_streamed_and_anthropic_calls_join_their_conversations(
+    online: Gateway, store: InMemoryLightningStore
+) -> None:
+    import anthropic
+
+    client = openai.AsyncOpenAI(base_url=online.base_url, api_key="sk-user", max_retries=0)
+    stream = await client.chat.completions.create(model="m", messages=USER, user="erin", stream=True)
+    streamed_id = [chunk.id async for chunk in stream][0]
+    claude = anthropic.AsyncAnthropic(base_url=online.url, api_key="sk-user", max_retries=0)
+    message = await claude.messages.create(
+        model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}], metadata={"user_id": "erin"}
+    )
+    await claude.close()
+    await online.flush()
+    spans = await spans_of(store, session_rollout_id("erin"), sc.SPAN_LLM_CALL)
+    assert [s.attributes[sc.LLM_API] for s in spans] == ["chat.completions", "anthropic.messages"]
+    assert spans[0].attributes[sc.LLM_RESPONSE_ID] == streamed_id and message.content
+    answer = agl.post_reward(online.url, 1.0, response_id=streamed_id, token=REWARD)
+    assert answer["rollout_id"] == session_rollout_id("erin")
