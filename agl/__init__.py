@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "emit_reward": "agl.emit",
     "instrument": "agl.tracer",
     "operation": "agl.emit",
+    "post_reward": "agl.gateway.rewards",
     "rollout": "agl.agent",
     "openai_client": "agl.agent",
     "LLM": "agl.schemas",
@@ -88,6 +89,7 @@ if TYPE_CHECKING:
         operation,
     )
     from agl.errors import RewardError
+    from agl.gateway.rewards import post_reward
     from agl.runner import Runner
     from agl.schemas import (
         LLM,
@@ -156,6 +158,7 @@ __all__ = [
     "open_store",
     "openai_client",
     "operation",
+    "post_reward",
     "rollout",
 ]
 

@@ -57,6 +57,7 @@ EXPORTED = [
     "open_store",
     "openai_client",
     "operation",
+    "post_reward",
     "rollout",
 ]
 

@@ -14,8 +14,8 @@ How the README's blocks run (follow this when you add one):
   traceback or an unclosed client session. A background server's output is in the failure message.
 - Budget: the whole README takes about 50 s of CPU (two GRPO runs, one SFT run, one APO run on the
   tiny model or the simulated LM); keep a new block to seconds with a ``replace`` cheap variant.
-- The ports ``4747`` (the store's default) and ``8000`` (the engine's) become free ports in every block,
-  since tests run beside other servers.
+- The ports ``4747`` (the store's default), ``8000`` (the engine's) and ``8100`` (the gateway's) become
+  free ports in every block, since tests run beside other servers.
 - A ``file:`` block of an earlier section is written into the working directory of every later one (so
   the SFT section can import the ``my_agent.py`` of "Train your own agent").
 
@@ -62,7 +62,7 @@ README = ROOT / "README.md"
 MAX_SKIPS = 3
 DEFAULT_TIMEOUT_S = 120.0
 SHELLS = {"bash", "sh", "shell"}
-PORTS = ("4747", "8000")
+PORTS = ("4747", "8000", "8100")
 _DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(\w+)\s*:\s*(.*?)\s*-->", re.S)
 _MIRRORED = ("agl", "examples", "benchmarks", "scripts", ".venv", "Makefile")
 _COPIED = ("pyproject.toml", "README.md")

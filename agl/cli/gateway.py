@@ -1,4 +1,8 @@
-"""``agl gateway serve``: run the OpenAI-compatible LLM gateway in front of one or more model servers."""
+"""``agl gateway serve``: run the OpenAI-compatible LLM gateway in front of one or more model servers.
+
+Beside the rollouts a trainer queues, it records production traffic with ``--record-unattributed`` (each
+conversation a rollout of mode ``online``) and takes late rewards at ``POST /v1/agl/rewards``.
+"""
 
 from __future__ import annotations
 
@@ -36,10 +40,26 @@ def serve(
         callback=non_empty,
         help="Also require a bearer token on model calls (agents' api_key); it is not forwarded upstream.",
     ),
-    record_unattributed: bool = typer.Option(False, help="Also record calls that name no rollout."),
+    reward_token: str | None = typer.Option(
+        None,
+        envvar="AGL_GATEWAY_REWARD_TOKEN",
+        callback=non_empty,
+        help="A token that may only POST /v1/agl/rewards (late rewards); it cannot call models or /admin. "
+        "The --token admin token may post rewards too.",
+    ),
+    record_unattributed: bool = typer.Option(
+        False,
+        help="Record calls that name no rollout (production traffic): each conversation, named by the "
+        "x-agl-session-id header or the OpenAI 'user' field (else each call alone), becomes a rollout of "
+        "mode 'online'; an unreachable store never holds a call up.",
+    ),
     max_attempts: int = typer.Option(3, help="Tries per call across replicas."),
 ) -> None:
-    """Proxy /v1 and /rollout/<id>/attempt/<id>/v1 to UPSTREAM, recording each call in STORE."""
+    """Proxy /v1 and /rollout/<id>/attempt/<id>/v1 to UPSTREAM, recording each call in STORE.
+
+    POST /v1/agl/rewards {"reward": 1.0, "response_id" | "session_id" | "rollout_id": "..."} records a
+    reward that arrives later (idempotent per target and name, or per "idempotency_key").
+    """
     import uvicorn
     from pydantic import ValidationError
 
@@ -57,7 +77,14 @@ def serve(
             err=True,
             fg="yellow",
         )
-    gateway = Gateway(open_store(store), upstreams, config, token=token, client_token=client_token)
+    gateway = Gateway(
+        open_store(store),
+        upstreams,
+        config,
+        token=token,
+        client_token=client_token,
+        reward_token=reward_token,
+    )
     typer.echo(f"agl gateway on http://{host}:{port}/v1 -> {', '.join(upstream)} (store {store})")
     uvicorn.run(
         gateway.app, host=host, port=port, log_level="warning", interface="asgi3", proxy_headers=False

@@ -1,8 +1,12 @@
 """The gateway: an OpenAI-compatible ASGI proxy that attributes each model call to a rollout and records it.
 
 Agents reach it at ``/rollout/{rollout_id}/attempt/{attempt_id}/v1`` (``attempt_id`` may be ``latest``) or
-at ``/v1`` with ``x-agl-rollout-id`` / ``x-agl-attempt-id`` headers. Calls without a rollout are proxied
-and recorded only with ``GatewayConfig.record_unattributed`` (under one rollout of mode ``gateway``).
+at ``/v1`` with ``x-agl-rollout-id`` / ``x-agl-attempt-id`` headers. Calls without a rollout (production
+traffic no trainer queued) are proxied, and recorded only with ``GatewayConfig.record_unattributed``: each
+conversation (``x-agl-session-id`` header or OpenAI ``user`` field; else the call alone) becomes a rollout
+of mode ``online`` that is written in the background, so an unreachable store never holds a call up
+(:mod:`agl.gateway.online`). ``POST /v1/agl/rewards`` records a reward that arrives later for a response,
+rollout or session id (:mod:`agl.gateway.rewards`).
 The hot path is a raw ASGI handler: attribution is a cached dict lookup, bodies are passed as bytes, and
 span building happens in the background recorder. ``GET /metrics`` serves Prometheus metrics.
 
@@ -15,7 +19,9 @@ Auth: with ``token`` (``--token`` / ``AGL_GATEWAY_TOKEN``) ``/admin/*`` and ``/m
 ``Authorization: Bearer <token>``. Model routes stay open unless ``client_token`` is set, because agents
 send their own key (forwarded upstream when the upstream has no ``api_key``); with ``client_token`` they
 need it (or the admin token), and it is never forwarded; the anthropic SDK's ``x-api-key`` counts as the
-bearer token on the Messages route. ``/health`` is always open.
+bearer token on the Messages route. With ``reward_token`` (``--reward-token`` / ``AGL_GATEWAY_REWARD_TOKEN``)
+``POST /v1/agl/rewards`` needs it or the admin token (with only ``token`` set, the admin token); the reward
+token is refused (403) everywhere else. ``/health`` is always open.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ from agl.errors import GatewayError, NotFoundError, StoreUnavailableError
 from agl.gateway import anthropic
 from agl.gateway.config import GatewayConfig, UpstreamConfig
 from agl.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from agl.gateway.online import Conversation, OnlineRollouts, session_of
 from agl.gateway.proxy import Forwarder
 from agl.gateway.recording import CallRecord, build_span, now_ns
+from agl.gateway.rewards import REWARDS_PATH, Rewards, parse_reward
 from agl.gateway.upstreams import UpstreamPool
 from agl.gateway.validation import API_PATHS, HTTPError, parse_request, traceparent
-from agl.schemas.rollout import RolloutCreate
 from agl.schemas.span import Span
 from agl.seeding import ROLLOUT_SEED, derive_seed
 from agl.semconv import AGENT_NAME
@@ -65,7 +72,8 @@ class Gateway:
 
     ``upstreams`` are base URLs (``http://host:port/v1``) or :class:`UpstreamConfig`. ``start()`` serves on a
     background thread (port 0: a free port); ``stop()`` drains the recorder into the store. ``token`` guards
-    the admin routes and ``client_token`` the model routes (see the module docstring). ``transport`` carries
+    the admin routes, ``client_token`` the model routes and ``reward_token`` the rewards route (see the module
+    docstring). ``transport`` carries
     upstream requests instead of the network, to run a gateway without a model server (for example
     ``agl.testing.InMemoryUpstream().transport``, or any ``httpx`` transport).
     """
@@ -80,6 +88,7 @@ class Gateway:
         port: int = 0,
         token: str | None = None,
         client_token: str | None = None,
+        reward_token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not upstreams:
@@ -94,12 +103,13 @@ class Gateway:
         self._drained = asyncio.Event()
         self._admin_auth = f"Bearer {token}".encode() if token else None
         self._client_auth = f"Bearer {client_token}".encode() if client_token else None
-        self._secrets = tuple(s for s in (token, client_token, *(u.api_key for u in self.upstreams)) if s)
+        self._reward_auth = f"Bearer {reward_token}".encode() if reward_token else None
+        secrets = (token, client_token, reward_token, *(u.api_key for u in self.upstreams))
+        self._secrets = tuple(s for s in secrets if s)
         self.metrics = GatewayMetrics(self.stats)
         # (rollout, attempt) -> (attempt, resources id, the attempt's sampling seed or None)
         self._attribution: dict[tuple[str, str], tuple[str, str | None, int | None]] = {}
         self._calls: dict[str, int] = {}  # a seeded attempt's model calls so far (its next call's index)
-        self._unattributed: tuple[str, str] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
         # one writer for the gateway's life: its counters survive restarts; backoff is capped low (one
@@ -112,6 +122,21 @@ class Gateway:
             deadline_s=self.config.span_deadline_s,
             backoff_s=0.2,
             max_backoff_s=2.0,
+        )
+        self.online = OnlineRollouts(
+            store,
+            self._submit,
+            self.spans.outage,
+            cache_size=self.config.attribution_cache_size,
+            queue_size=self.config.queue_size,
+            deadline_s=self.config.span_deadline_s,
+        )
+        self.rewards = Rewards(
+            store,
+            self.online,
+            self._flush,
+            index_size=self.config.response_index_size,
+            scan_rollouts=self.config.reward_scan_rollouts,
         )
         self._server = BackgroundServer(
             self.app, host=host, port=port, interface="asgi3", proxy_headers=False
@@ -159,10 +184,16 @@ class Gateway:
         """Build a call's span on the writer's task, counting its tokens (so metrics cover recorded calls)."""
         span = build_span(record)
         self.metrics.add_tokens(span.attributes.get(sc.LLM_USAGE))
+        self.rewards.remember(span)
         return span
+
+    def _submit(self, record: CallRecord) -> bool:
+        """Queue a finished call's span (built later, on the writer's task)."""
+        return self.spans.submit(functools.partial(self._span, record))
 
     async def aclose(self) -> None:
         """Flush recorded spans and close upstream connections (the lifespan shutdown calls this)."""
+        await self.online.aclose(timeout_s=_CLOSE_TIMEOUT_S)
         await self.spans.aclose(timeout_s=_CLOSE_TIMEOUT_S)
         await self.forwarder.aclose()
         self._started, self._loop = False, None
@@ -206,6 +237,7 @@ class Gateway:
         await self._on_loop(self._flush)
 
     async def _flush(self) -> None:
+        await self.online.flush()  # online rollouts first: their calls' spans are queued once they exist
         await self.spans.flush()
 
     def stats(self) -> dict[str, Any]:
@@ -218,6 +250,12 @@ class Gateway:
             "failed_spans": w.failed,
             "queued_spans": self.spans.queued,
             "span_store_errors": w.store_errors,
+            "online_rollouts": self.online.created,
+            "online_waiting_spans": self.online.waiting,
+            "online_dropped_spans": self.online.dropped,
+            "online_failed_spans": self.online.failed,
+            "rewards_recorded": self.rewards.recorded,
+            "rewards_duplicate": self.rewards.duplicates,
             "upstreams": [
                 {
                     "backend": r.config.backend,
@@ -286,6 +324,10 @@ class Gateway:
             _need(method, "POST", path)
             await self._model_call(scope, receive, send, ANTHROPIC_API, rollout_id, attempt_id)
             return
+        if path == REWARDS_PATH and rollout_id is None:
+            _need(method, "POST", path)
+            await self._reward(scope, receive, send)
+            return
         if path.startswith("/v1/"):
             api = API_PATHS.get(path[4:])
             if api is not None:
@@ -300,16 +342,27 @@ class Gateway:
         await self._admin(path, method, scope, receive, send)
 
     def _authorize(self, scope: Scope, expected: bytes | None) -> bool:
-        """True if a required token was given (then it is the gateway's, not the agent's); 401 if wrong."""
-        if expected is None:
-            return False
+        """True if a required token was given (then it is the gateway's, not the agent's); 401 if wrong,
+        403 for the reward token anywhere but the rewards route (even on open model routes: never forwarded)."""
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         if not given and scope.get("agl.anthropic"):
             given = b"Bearer " + next((v for k, v in scope["headers"] if k == b"x-api-key"), b"")
-        admin = self._admin_auth
+        admin, reward = self._admin_auth, self._reward_auth
+        if reward is not None and expected is not reward and hmac.compare_digest(given, reward):
+            raise HTTPError(
+                403,
+                f"the reward token (AGL_GATEWAY_REWARD_TOKEN) may only POST {REWARDS_PATH}",
+                type_="permission_error",
+                code="reward_token_only",
+            )
+        if expected is None:
+            return False
         if hmac.compare_digest(given, expected) or (admin is not None and hmac.compare_digest(given, admin)):
             return True
-        which = "AGL_GATEWAY_TOKEN" if expected is admin else "AGL_GATEWAY_CLIENT_TOKEN"
+        if expected is admin:
+            which = "AGL_GATEWAY_TOKEN"
+        else:
+            which = "AGL_GATEWAY_REWARD_TOKEN" if expected is reward else "AGL_GATEWAY_CLIENT_TOKEN"
         raise HTTPError(
             401,
             f"missing or wrong bearer token; send Authorization: Bearer <token> ({which})",
@@ -345,6 +398,24 @@ class Gateway:
         else:
             raise HTTPError(404, f"unknown path {scope['path']}", code="not_found")
 
+    async def _reward(self, scope: Scope, receive: Any, send: Any) -> None:
+        """``POST /v1/agl/rewards``: a late reward, written before the answer (503 while the store is down)."""
+        self._authorize(scope, self._reward_auth or self._admin_auth)
+        self._runtime()
+        headers = dict(scope["headers"])
+        post = parse_reward(await _read_body(receive), _header(headers, b"idempotency-key"))
+        try:
+            answer = await self.rewards.post(post)
+        except StoreUnavailableError as exc:
+            raise HTTPError(
+                503,
+                f"the store is unreachable, so the reward is not recorded; retry after "
+                f"{self.config.retry_after_s} s (it is idempotent) ({exc})",
+                code="store_unavailable",
+                headers=[(b"retry-after", str(self.config.retry_after_s).encode())],
+            ) from None
+        await _send_json(send, 200, answer)
+
     async def _models(self) -> dict[str, Any]:
         self._runtime()
         ids = await self.forwarder.list_models()
@@ -356,8 +427,8 @@ class Gateway:
     ) -> None:
         try:
             gateway_key = self._authorize(scope, self._client_auth)
-        except HTTPError:
-            self.metrics.count(api, 401)
+        except HTTPError as exc:
+            self.metrics.count(api, exc.status)
             raise
         if self.paused:
             self.metrics.count(api, 429)
@@ -382,6 +453,10 @@ class Gateway:
             rollout_id = rollout_id or _header(headers, b"x-agl-rollout-id")
             attempt_id = attempt_id or _header(headers, b"x-agl-attempt-id") or "latest"
             target = await self._attribute(rollout_id, attempt_id)
+            online: Conversation | None = None
+            if target is None and rollout_id is None and self.config.record_unattributed:
+                online = self.online.conversation(session_of(headers, raw))  # no store call: never waits
+                target = (online.rollout_id, online.attempt_id or "", None, None)
             auth = None if gateway_key else _header(headers, b"authorization")
             record = None
             agent = scope.get("agl.agent") or _header(headers, b"x-agl-agent")
@@ -436,7 +511,10 @@ class Gateway:
             finally:
                 if record is not None:
                     record.end_ns = record.end_ns or now_ns()
-                    self.spans.submit(functools.partial(self._span, record))
+                    if online is not None:
+                        self.online.record(online, record)
+                    else:
+                        self._submit(record)
         except HTTPError as exc:
             status = exc.status
             raise
@@ -462,16 +540,9 @@ class Gateway:
 
     async def _attribute(self, rollout_id: str | None, attempt_id: str) -> _Target | None:
         """``(rollout_id, attempt_id, resources_id, seed)`` the call belongs to (``seed``: its attempt's
-        sampling seed, from the rollout's :data:`~agl.seeding.ROLLOUT_SEED`), or None when it is unrecorded."""
-        if rollout_id is None:
-            if not self.config.record_unattributed:
-                return None
-            if self._unattributed is None:
-                started = await self.store.start_rollout(
-                    RolloutCreate(mode="gateway", metadata={"agl.gateway": "unattributed calls"})
-                )
-                self._unattributed = (started.rollout.rollout_id, started.attempt.attempt_id)
-            return (*self._unattributed, None, None)
+        sampling seed, from the rollout's :data:`~agl.seeding.ROLLOUT_SEED`), or None when it names no rollout."""
+        if rollout_id is None:  # unrecorded, or an online rollout's call (see _model_call)
+            return None
         cached = self._attribution.get((rollout_id, attempt_id))
         if cached is not None:
             return rollout_id, *cached

@@ -76,7 +76,9 @@ class GatewayConfig(BaseModel):
     max_connections: int = Field(512, ge=1)
     retry_after_s: int = Field(1, ge=1, description="Retry-After sent with 429 while paused.")
     record_unattributed: bool = Field(
-        False, description="Record calls without a rollout under one 'gateway' rollout the gateway creates."
+        False,
+        description="Record calls without a rollout: each conversation (x-agl-session-id header or OpenAI "
+        "'user' field; else the call alone) as a rollout of mode 'online' the gateway creates.",
     )
     stream_usage: bool = Field(True, description="Ask streams for a final usage chunk (stream_options).")
     queue_size: int = Field(
@@ -86,4 +88,14 @@ class GatewayConfig(BaseModel):
     span_deadline_s: float = Field(
         600.0, gt=0, description="How long spans wait through a store outage before they count failed."
     )
-    attribution_cache_size: int = Field(10_000, ge=0)
+    attribution_cache_size: int = Field(
+        10_000, ge=0, description="Attempts, and sessions of online rollouts, remembered without the store."
+    )
+    response_index_size: int = Field(
+        100_000, ge=0, description="Response ids of recorded calls remembered for late rewards."
+    )
+    reward_scan_rollouts: int = Field(
+        1_000,
+        ge=0,
+        description="Newest online rollouts a late reward's unremembered response id is sought in.",
+    )

@@ -221,10 +221,10 @@ async def test_unattributed_calls_recorded_when_configured(
 ) -> None:
     with Gateway(store, [upstream.base_url], GatewayConfig(record_unattributed=True)) as gw:
         client = openai.AsyncOpenAI(base_url=gw.base_url, api_key="x")
-        await client.chat.completions.create(model="m", messages=USER)
-        await client.chat.completions.create(model="m", messages=USER)
+        for _ in range(2):  # one conversation (its OpenAI user), two calls
+            await client.chat.completions.create(model="m", messages=USER, user="user-1")
         await gw.flush()
-    (rollout,) = (await store.query_rollouts(mode="gateway")).items
+    (rollout,) = (await store.query_rollouts(mode="online")).items
     spans = (await store.query_spans(rollout_id=rollout.rollout_id)).items
     assert len(spans) == 2 and [s.sequence_id for s in spans] == sorted(s.sequence_id or 0 for s in spans)
 

@@ -198,7 +198,7 @@ function rolloutsView(params) {
       h("span", { class: "mute" }, "sort:"),
       select("sort", "sort", [["", "created"], ["reward", "reward"], ["duration", "duration"]]),
       select("order", "order", [["", "descending"], ["asc", "ascending"]]),
-      h("span", { class: "mute" }, " mode:"), select("mode", "mode", ["", "train", "val", "test"].map((m) => [m, m || "all modes"])),
+      h("span", { class: "mute" }, " mode:"), select("mode", "mode", ["", "train", "val", "test", "online"].map((m) => [m, m || "all modes"])),
       h("span", { class: "mute" }, " resources:"), versionSelect),
     h("div", { class: "filters" }, h("span", { class: "mute" }, "status:"), chips,
       statuses.size ? h("button", { class: "chip", onclick: () => { statuses.clear(); go({}); } }, "clear") : null,
