@@ -241,6 +241,6 @@ def test_distillation_teaches_a_student_whose_rewards_all_tie(tmp_path: Path) ->
     first = history[0]
     assert reward[0] == 0.0 and first["zero_variance_groups"] == first["groups"] == 8
     assert first["samples"] == first["rollouts"] == 64  # distilling, every sample trained all the same
-    assert kl[-1] < 0.5 * kl[0]  # the student's reverse KL to the teacher fell (5.05 -> 0.90 in a run)
-    assert reward[-1] > 0.3  # and the task's reward rose with it (0.92 in that run)
+    assert kl[-1] < 0.5 * kl[0]  # the student's reverse KL to the teacher fell (5.05 -> 0.90-0.97 in runs)
+    assert reward[-1] > 0.3  # and the task's reward rose with it (0.84-0.92 in those runs)
     assert result["val_reward_before"] == 0.0 and result["val_reward_after"] > 0.3
