@@ -167,7 +167,9 @@ ADVICE = (
     "GRPO learns only from groups whose rollouts score differently. What to try: a warm start on a few solved examples (GRPOConfig(warm_start=agl.WarmStart(conversations))) "
     "so that some rollouts score; a higher sampling temperature in the agent's model call, for more varied "
     "replies; a reward with partial credit (for the right format, or a near answer) instead of exact match; "
-    "a larger group (GRPOConfig(group_size=16)), so that a rare success lands in a group."
+    "a larger group (GRPOConfig(group_size=16)), so that a rare success lands in a group; or a teacher "
+    "sharing the student's tokenizer to distill from (GRPOConfig(teacher=agl.Teacher(path=...))), whose "
+    "per-token signal needs no reward spread."
 )
 
 
@@ -182,11 +184,13 @@ class LearningCheck:
 
     GRPO trains only on groups whose rollouts scored differently; when (almost) every group scored alike,
     steps train (almost) nothing and the run idles without error. The warning names the cause and
-    what to try.
+    what to try. ``distilling``: a teacher's per-token advantage trains every group, so ties and rewards of
+    0 are no cause (only failed rollouts are).
     """
 
-    def __init__(self, zero_variance_share: float = ZERO_VARIANCE_SHARE) -> None:
+    def __init__(self, zero_variance_share: float = ZERO_VARIANCE_SHARE, *, distilling: bool = False) -> None:
         self.zero_variance_share = zero_variance_share
+        self.distilling = distilling
         self.warned = False
         self.said_solved = False
         self.low, self.high = math.inf, -math.inf  # the lowest and highest rollout reward so far
@@ -196,7 +200,7 @@ class LearningCheck:
         if failures.all_failed:
             self._warn(f"all {failures.total} rollouts of the baseline evaluation failed", FIX_FAILURES)
             return
-        if math.isnan(val_reward) or val_reward != 0.0:
+        if math.isnan(val_reward) or val_reward != 0.0 or self.distilling:
             return
         cause = "the held-out reward is 0.000 before the first GRPO step"
         base, warm = phases.get("base"), phases.get("after_warm_start")
@@ -213,6 +217,8 @@ class LearningCheck:
         groups, flat = row.get("groups", 0.0), row.get("zero_variance_groups", 0.0)
         if row.get("groups_with_signal"):  # refill drew other tasks in place of the flat groups: it trained
             flat = 0.0
+        if self.distilling:  # the teacher's advantage trained the flat groups, and rollouts scoring 0
+            flat, first = 0.0, False
         rollouts, failed = row.get("rollouts", 0.0), row.get("failed_rollouts", 0.0)
         low, high = row.get("reward_min", math.nan), row.get("reward_max", math.nan)
         if not (math.isnan(low) or math.isnan(high)):

@@ -95,6 +95,7 @@ class GRPO(Algorithm):
                 activation_checkpointing=cfg.activation_checkpointing,
                 lora_rank=cfg.lora_rank,
                 kl_coef=cfg.loss.kl_coef,
+                teacher_path=cfg.teacher.path if cfg.teacher is not None else None,
                 seed=cfg.seed,
                 device=cfg.device,
                 memory_budget_gb=cfg.memory_budget_gb,
@@ -200,7 +201,8 @@ class GRPO(Algorithm):
         metrics = MetricsLogger(out, total_steps=cfg.steps, resume=checkpoint is not None)
         resources_id = await self._publish(ctx, None if checkpoint is None else self.policy)
         phases: dict[str, float] = {}
-        self.learning, self.baseline_failures = LearningCheck(), Failures(0, 0)
+        self.learning = LearningCheck(distilling=cfg.teacher is not None)
+        self.baseline_failures = Failures(0, 0)
         self.val_failures_after = Failures(0, 0)
         if cfg.warm_start is not None and checkpoint is None:
             resources_id = await self._warm_start(ctx, train, val, resources_id, phases)

@@ -135,7 +135,8 @@ def build_batch(
     """Pure: rollouts and their spans to samples with advantages, and the filter counts.
 
     Failed rollouts are left out, except those in ``zeroed`` (``on_failure="zero"``): their model
-    calls train with reward 0.
+    calls train with reward 0. Groups whose rewards tie are left out too, unless a teacher distills
+    (``GRPOConfig.teacher``): their samples then train with the teacher's per-token advantage alone.
     """
     ok = [r for r in rollouts if r.status == RolloutStatus.SUCCEEDED or r.rollout_id in zeroed]
     rewards = {
@@ -170,7 +171,7 @@ def build_batch(
     would: dict[str, float] = {}
     for u, adv in zip(units, unit_adv, strict=True):
         rid = ok[u.rollout].rollout_id
-        if u.key in flat:
+        if u.key in flat and config.teacher is None:  # distilling, the teacher's advantage still trains it
             reasons.setdefault(rid, "zero-variance group: every rollout got the same reward")
             continue
         if not u.samples:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 #: metrics that are sums of per-rank parts (each part already weighted by its global share)
-SUMMED_METRICS = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean")
+SUMMED_METRICS = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean", "distill_kl")
 
 
 def shard(lengths: Sequence[int], world_size: int) -> list[list[int]]:

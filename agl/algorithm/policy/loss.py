@@ -2,9 +2,10 @@
 
 Three objectives share it: ``grpo`` (PPO's clip on each token's ratio), ``gspo`` (the clip on one ratio
 per sequence, the geometric mean of its tokens' ratios) and ``cispo`` (every token's log-prob gradient,
-weighted by its clipped ratio held constant). Pure tensor math: (logprobs, old logprobs, advantages,
-mask, config) in, (loss, metrics) out. Shapes: B samples, T tokens. ``mask`` is 1 on model tokens that
-carry loss.
+weighted by its clipped ratio held constant). With a teacher's log-probs, on-policy distillation adds
+``-distill_coef * (old logprob - teacher logprob)`` (a per-token reverse-KL estimate) to each token's
+advantage. Pure tensor math: (logprobs, old logprobs, advantages, mask, config) in, (loss, metrics) out.
+Shapes: B samples, T tokens. ``mask`` is 1 on model tokens that carry loss.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class LossConfig:
     # "cispo": clip the ratio as a constant weight on every token's log-prob gradient (MiniMax-M1; there
     # clip_low may be >= 1: no lower bound on the weight, as the paper runs it)
     objective: Objective = "grpo"
+    # on-policy distillation (GRPOConfig.teacher): each token's advantage gets -distill_coef times its
+    # reverse-KL estimate to the teacher, log pi_sampler(t) - log pi_teacher(t); 0: off. GRPOConfig sets it
+    # from its teacher and distill_coef
+    distill_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -54,6 +59,8 @@ class LossConfig:
             )
         if self.kl_coef < 0:
             raise ConfigError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.distill_coef < 0:
+            raise ConfigError(f"LossConfig.distill_coef must be >= 0, got {self.distill_coef}")
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"unknown aggregation {self.aggregation!r}; use one of {sorted(AGGREGATIONS)}")
 
@@ -106,6 +113,19 @@ def _ratio(
     return torch.exp(log_ratio)
 
 
+def distill_advantages(
+    old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor, coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation's per-token advantage (B, T) and the mean reverse KL to the teacher (a scalar).
+
+    Per sampled token t, ``k = log pi_sampler(t) - log pi_teacher(t)`` estimates the reverse KL
+    KL(student || teacher) (Thinking Machines' on-policy distillation); ``-coef * k`` rewards the tokens the
+    teacher finds likelier than the student did. Constant in the gradient, like a reward.
+    """
+    reverse_kl = (old_logprobs - teacher_logprobs).detach() * mask  # (B, T)
+    return -coef * reverse_kl, reverse_kl.sum() / mask.sum().clamp(min=1)
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -114,6 +134,7 @@ def grpo_loss(
     config: LossConfig,
     *,
     ref_logprobs: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor | None = None,
     rollout_index: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -125,11 +146,19 @@ def grpo_loss(
         advantages: (B,) one advantage per sample, or (B, T) per token (per-call credit).
         mask: (B, T) 1.0 on model tokens.
         ref_logprobs: (B, T) reference-model log-probs, for the KL penalty.
+        teacher_logprobs: (B, T) the teacher's log-probs of the same tokens, for on-policy distillation
+            (``config.distill_coef``): the metrics then carry ``distill_kl``.
         rollout_index: (B,) rollout of each sample, for ``rollout_mean``.
         weights: (B, T) precomputed aggregation weights (for micro-batches of a larger batch).
     """
     mask = mask.to(logprobs.dtype)
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1)  # (B, T) or (B, 1)
+    distill_kl = None
+    if teacher_logprobs is not None and config.distill_coef > 0:
+        distill_adv, distill_kl = distill_advantages(
+            old_logprobs, teacher_logprobs, mask, config.distill_coef
+        )
+        adv = adv + distill_adv  # (B, T): the reward's advantage plus the teacher's per-token one
     ratio = _ratio(logprobs, old_logprobs, mask, config.objective)  # (B, T)
     clipped = torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)  # (B, T)
     if config.objective == "cispo":
@@ -164,4 +193,6 @@ def grpo_loss(
             "ratio_mean": float((ratio * mask).sum() / n),
             "kl": float(kl.item()),
         }
+        if distill_kl is not None:
+            metrics["distill_kl"] = float(distill_kl.item())
     return loss, metrics

@@ -54,6 +54,9 @@ class PolicyConfig:
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: int = 32
     kl_coef: float = 0.0
+    # a local model folder sharing the tokenizer: scores the samples' tokens for on-policy distillation
+    # (LossConfig.distill_coef; agl/algorithm/policy/distill.py)
+    teacher_path: str | None = None
     # "auto": on CPU, micro-batches over 1,024 tokens (memory.PLAIN_CPU_TOKENS); off on CUDA
     activation_checkpointing: Checkpointing = "auto"
     seed: int = 0
@@ -166,7 +169,8 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, normalizer: float | Non
 
 
 class Policy:
-    """The model being trained, its optimizer and (with KL) a frozen reference copy."""
+    """The model being trained, its optimizer, (with KL) a frozen reference copy and (distilling) a frozen
+    teacher."""
 
     def __init__(self, config: PolicyConfig, loss: LossConfig) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -192,6 +196,11 @@ class Policy:
                 config.model_path, local_files_only=True, dtype=torch.float32
             ).eval()
             self.reference.to(self.device)  # type: ignore[arg-type]
+        self.teacher = None
+        if config.teacher_path is not None:
+            from agl.algorithm.policy.distill import load_teacher
+
+            self.teacher = load_teacher(config.teacher_path, self.tokenizer, self.device)
         if config.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -376,7 +385,9 @@ class Policy:
         """
         full = collate(samples, advantages, rollout_index, self.pad_id)
         weights = token_weights(full.mask, self.loss_config.aggregation, full.rollout_index)  # (B, T-1)
-        names = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean")
+        names: tuple[str, ...] = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean")
+        if self.teacher is not None:
+            names += ("distill_kl",)  # the mean reverse KL of the sampled tokens to the teacher
         totals: dict[str, float] = dict.fromkeys(names, 0.0)
         n_tokens = max(float(full.mask.sum()), 1.0)
         mine = list(range(len(samples))) if only is None else list(only)
@@ -391,14 +402,16 @@ class Policy:
             logprobs, entropy = self._logprobs(group, part, lengths)
             # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
-            ref = None
-            if self.reference is not None:
-                with torch.no_grad(), autocast(self.precision, self.device):
-                    ref, _ = token_logprobs(
-                        self.reference, part.input_ids, part.attention, only=part.mask > 0
-                    )
+            ref, teacher = (self._frozen_logprobs(m, part) for m in (self.reference, self.teacher))
             loss, metrics = grpo_loss(
-                logprobs, old, part.advantages, part.mask, self.loss_config, ref_logprobs=ref, weights=w
+                logprobs,
+                old,
+                part.advantages,
+                part.mask,
+                self.loss_config,
+                ref_logprobs=ref,
+                teacher_logprobs=teacher,
+                weights=w,
             )
             self.monitor.sample()  # activations are all held here: the micro-batch's peak
             loss.backward()
@@ -409,6 +422,8 @@ class Policy:
             # pi_theta / pi_behaviour: off-policy (stale) samples move it away from 1
             totals["ratio_mean"] += metrics["ratio_mean"] * share
             totals["entropy"] += float((entropy * part.mask).sum()) / n_tokens
+            if "distill_kl" in metrics:
+                totals["distill_kl"] += metrics["distill_kl"] * share
 
         self._backprop(samples, mine, work, restart=lambda: totals.update(dict.fromkeys(names, 0.0)))
         totals["trained_tokens"] = float(full.mask.sum())
@@ -416,6 +431,13 @@ class Policy:
         # what the forward passes ran after shared prefixes (padding included): the step's real work
         totals["computed_tokens"] = float(self._computed_tokens)
         return totals
+
+    def _frozen_logprobs(self, model: Any, part: Batch) -> torch.Tensor | None:
+        """A frozen model's (reference, teacher) log-probs of the micro-batch's loss tokens; None without one."""
+        if model is None:
+            return None
+        with torch.no_grad(), autocast(self.precision, self.device):
+            return token_logprobs(model, part.input_ids, part.attention, only=part.mask > 0)[0]
 
     def step(
         self, samples: Sequence[Sample], advantages: Sequence[float], rollout_index: Sequence[int]
