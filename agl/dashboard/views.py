@@ -237,18 +237,30 @@ def _traced_twin(span: Span, recorded: frozenset[str]) -> bool:
 def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
     """Views of ``spans`` in tree order (each parent before its children, siblings by start time).
 
-    A span whose parent is not among ``spans`` (another process's span, or a lost one) is a root.
+    A span whose parent is not among ``spans`` (another process's span, or a lost one) is a root. A model
+    call recorded twice, by the client's tracer and by the gateway (same response id), is drawn as one
+    row where the client's span sits: the gateway's record (token ids, weights version) with the client
+    span's place in the tree, its name and id in ``twin_span_id`` / ``twin_name``.
     """
     spans = list(spans)
     ids = {s.span_id for s in spans}
-    recorded = frozenset(
-        str(s.attributes[sc.LLM_RESPONSE_ID])
+    gateway = {
+        str(s.attributes[sc.LLM_RESPONSE_ID]): s
         for s in spans
         if sc.LLM_RESPONSE_ID in s.attributes and s.attributes.get(sc.LLM_SOURCE, "gateway") == "gateway"
-    )
+    }
+    recorded = frozenset(gateway)
+    twin_of: dict[str, Span] = {}  # client span id -> the gateway's span of the same call
+    for s in spans:
+        if _detail(s)[0] == "llm" and _traced_twin(s, recorded):
+            twin_of.setdefault(s.span_id, gateway[str(s.attributes[sc.LLM_RESPONSE_ID])])
+    drawn_in_twin = {g.span_id: c for c, g in twin_of.items()}  # gateway span id -> client span id
     children: dict[str | None, list[Span]] = {}
     for span in spans:
+        if span.span_id in drawn_in_twin:
+            continue
         parent = span.parent_id if span.parent_id in ids and span.parent_id != span.span_id else None
+        parent = drawn_in_twin.get(parent, parent) if parent is not None else None
         children.setdefault(parent, []).append(span)
     for group in children.values():
         group.sort(key=lambda s: (s.start_time_ns, s.sequence_id or 0))
@@ -260,10 +272,27 @@ def span_tree(spans: Iterable[Span]) -> list[dict[str, Any]]:
         if span.span_id in seen:  # a parent cycle in foreign spans must not loop forever
             continue
         seen.add(span.span_id)
-        out.append(span_view(span, depth, recorded))
+        out.append(_row(span, depth, recorded, twin_of.get(span.span_id)))
         stack.extend((c, depth + 1) for c in reversed(children.get(span.span_id, [])))
-    out.extend(span_view(s, 0, recorded) for s in spans if s.span_id not in seen)  # cycles: show them flat
+    unseen = [s for s in spans if s.span_id not in seen and s.span_id not in drawn_in_twin]
+    out.extend(_row(s, 0, recorded, twin_of.get(s.span_id)) for s in unseen)  # cycles: show them flat
     return out
+
+
+def _row(span: Span, depth: int, recorded: frozenset[str], twin: Span | None) -> dict[str, Any]:
+    """A tree row: the span, or for a client span with a gateway twin, the twin in the client's place."""
+    if twin is None:
+        return span_view(span, depth, recorded)
+    view = span_view(twin, depth, recorded)
+    view.update(
+        parent_id=span.parent_id,
+        start_ns=min(span.start_time_ns, twin.start_time_ns),
+        end_ns=max(span.end_time_ns, twin.end_time_ns),
+        twin_span_id=span.span_id,
+        twin_name=span.name,
+    )
+    view["duration_ms"] = (view["end_ns"] - view["start_ns"]) / 1e6
+    return view
 
 
 def rollout_view(

@@ -114,7 +114,11 @@ def test_a_rollout_shows_its_span_tree_messages_tool_calls_and_reward(page: Any,
     page.locator("#trace").wait_for()
     assert page.locator("#rollout-reward").inner_text() == "0.800"
     names = page.locator("#trace td.name").all_inner_texts()
-    assert any("agl.llm.call" in n for n in names) and any("lookup" in n for n in names)
+    # each model call is one row where the client's span sits, though the client and the gateway both
+    # recorded it; none is left at the root
+    calls = [n for n in names if "(client + gateway)" in n]
+    assert len(calls) == 2 and not any("agl.llm.call" in n for n in names), names
+    assert any("lookup" in n for n in names)
     llm = page.locator("#transcript .card.llm").first
     assert "Use the lookup tool for every price." in llm.inner_text()  # the system prompt
     assert "use the lookup tool: apple" in llm.inner_text()  # the user message
@@ -123,6 +127,10 @@ def test_a_rollout_shows_its_span_tree_messages_tool_calls_and_reward(page: Any,
         "es => es.map(e => [e.innerText.trim(), e.style.paddingLeft])"
     )
     assert ["solve", "8px"] in indents and ["lookup", "26px"] in indents  # lookup is drawn under solve
+    assert [pad for name, pad in indents if "(client + gateway)" in name] == [
+        "26px",
+        "26px",
+    ]  # so are the calls
     assert (
         "tool result:" in page.locator("#transcript .card.llm").nth(1).inner_text()
     )  # the completion after the tool ran

@@ -320,6 +320,7 @@ function traceTable(spans, onSelect) {
 function spanLabel(sp) {
   const d = sp.detail;
   if (sp.category === "reward") return `${sp.name} = ${fmtReward(d.value)}`;
+  if (sp.category === "llm" && sp.twin_name) return `${sp.twin_name} ${d.model || ""} (client + gateway)`; // one call, recorded twice
   if (sp.category === "llm") return `${sp.name} ${d.model || ""}`;
   if (sp.category === "llm_trace") return `${sp.name} ${d.model || ""} (client trace)`;
   if (sp.category === "operation") return d.name && d.name !== sp.name ? `${sp.name} ${d.name}` : sp.name;
