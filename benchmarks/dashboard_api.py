@@ -213,6 +213,9 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "/ui/api/rollouts?limit=50&sort=reward",
                 "/ui/api/rollouts?limit=50&q=task%2012:",
                 f"/ui/api/groups/{some['group_id']}",
+                # what changed: every val rollout's digest of two versions, and one task across versions
+                "/ui/api/changes",
+                f"/ui/api/rollouts/{some['rollout_id']}/task",
             ]
             for path in paths:
                 result = await measure(client, path, args.repeats)

@@ -508,9 +508,9 @@ def _changes_routes(ctx: _Context) -> dict[str, Handler]:
 
     async def task(request: Request) -> dict[str, Any]:
         mode = request.query_params.get("mode") or None
-        return await changes.task_history(ctx.store, request.path_params["task"], mode)
+        return await changes.task_history(ctx.store, request.path_params["rollout_id"], mode)
 
-    return {"/api/changes": changed, "/api/tasks/{task}": task}
+    return {"/api/changes": changed, "/api/rollouts/{rollout_id}/task": task}
 
 
 def _resources_routes(ctx: _Context) -> dict[str, Handler]:

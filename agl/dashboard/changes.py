@@ -56,11 +56,15 @@ class _Cell:
         }
 
 
-async def _listed(store: StoreWithReadModel, mode: str) -> list[ListedRollout]:
+async def _listed(
+    store: StoreWithReadModel, mode: str | None, text: str | None = None
+) -> list[ListedRollout]:
     rows: list[ListedRollout] = []
     while len(rows) < MAX_READ:
         page = await store.search_rollouts(
-            RolloutSearch(mode=mode, sort="created", descending=False, limit=1000, offset=len(rows))
+            RolloutSearch(
+                mode=mode, text=text, sort="created", descending=False, limit=1000, offset=len(rows)
+            )
         )
         rows += page.items
         if not page.items or len(rows) >= page.total:
@@ -183,12 +187,14 @@ def _compare(was: dict[str, _Cell], now: dict[str, _Cell]) -> tuple[list[Moved],
     return changed, same
 
 
-async def task_history(store: StoreWithReadModel, key: str, mode: str | None = None) -> dict[str, Any]:
-    """One task (by :func:`task_key`) at every version that ran it: reward, reply, calls and tool use."""
-    modes = [mode] if mode else ["val", "train"]
-    rows = [row for m in modes for row in await _listed(store, m) if task_key(row.rollout.input) == key]
-    if not rows:
-        raise NotFoundError(f"no {' or '.join(modes)} rollout has a task with key {key!r}")
+async def task_history(store: StoreWithReadModel, rollout_id: str, mode: str | None = None) -> dict[str, Any]:
+    """The task of ``rollout_id`` at every version that ran it (of ``mode``, or any): reward, reply,
+    calls and tool use. The store's text search narrows the rollouts to those whose input contains this
+    one's; the task key keeps the exact matches."""
+    given = (await store.get_rollout(rollout_id)).input
+    key = task_key(given)
+    text = given if isinstance(given, str) else orjson.dumps(given).decode()
+    rows = [row for row in await _listed(store, mode, text) if task_key(row.rollout.input) == key]
     versions = await _versions(store, {r.rollout.resources_id for r in rows if r.rollout.resources_id})
     spans = await asyncio.gather(
         *(store.query_spans(rollout_id=r.rollout.rollout_id, attempt_id="latest", limit=10_000) for r in rows)
@@ -213,7 +219,7 @@ async def task_history(store: StoreWithReadModel, key: str, mode: str | None = N
             }
         )
     out.sort(key=lambda x: (x["version"] is None, x["version"] or 0, x["mode"], x["rollout_id"]))
-    return {"task": key, "input": views.redact(rows[0].rollout.input), "rollouts": out}
+    return {"task": key, "input": views.redact(given), "rollouts": out}
 
 
 __all__ = ["changes", "task_history", "task_key"]

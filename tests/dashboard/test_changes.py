@@ -99,16 +99,14 @@ def test_the_tasks_whose_held_out_reward_moved_with_both_replies(served: tuple[s
 
 def test_one_task_at_every_version_with_its_calls_and_tool_use(served: tuple[str, dict[str, Any]]) -> None:
     url, ids = served
-    key = task_key({"question": "sum"})
-    assert key == task_key({"question": "sum"}) != task_key({"question": "capital"})
-    got = get(url, f"tasks/{key}", mode="val")
-    assert got["input"] == {"question": "sum"}
+    assert task_key({"question": "sum"}) == task_key({"question": "sum"}) != task_key({"question": "capital"})
+    got = get(url, f"rollouts/{ids['rollouts'][('sum', 2)]}/task", mode="val")
+    assert got["input"] == {"question": "sum"} and got["task"] == task_key({"question": "sum"})
     rows = [(r["version"], r["reward"], r["reply"], r["calls"], r["tool_calls"]) for r in got["rollouts"]]
-    assert rows == [
-        (1, 0.0, "I think 5", 1, 0),
-        (2, 1.0, "7 [tool call lookup]", 1, 1),
-    ]  # the digest names tool calls
-    assert get(url, "tasks/000000000000", 404)["error"]["type"] == "NotFoundError"
+    # oldest version first; the digest names the tool call; "capital" and "spell" are other tasks
+    assert rows == [(1, 0.0, "I think 5", 1, 0), (2, 1.0, "7 [tool call lookup]", 1, 1)]
+    assert get(url, f"rollouts/{ids['rollouts'][('sum', 1)]}/task", mode="train")["rollouts"] == []
+    assert get(url, "rollouts/ro-nope/task", 404)["error"]["type"] == "NotFoundError"
 
 
 def test_the_page_lists_what_changed_and_opens_one_task_across_versions(

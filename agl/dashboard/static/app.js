@@ -792,17 +792,17 @@ function changesView(params) {
           c.changed.length ? h("table", { id: "changes-table" },
             h("thead", {}, h("tr", {}, ["task", "change", "before: reward and reply", "after: reward and reply"].map((x) => h("th", {}, x)))),
             h("tbody", {}, c.changed.map((row) => h("tr", { "data-task": row.task, class: row.delta > 0 ? "up" : "down" },
-              h("td", {}, h("a", { href: `#/task/${row.task}?mode=${mode}` }, h("pre", {}, preview(typeof row.input === "string" ? row.input : JSON.stringify(row.input), 200)))),
+              h("td", {}, h("a", { href: `#/task/${encodeURIComponent(row.after.rollout_id)}?mode=${mode}` }, h("pre", {}, preview(typeof row.input === "string" ? row.input : JSON.stringify(row.input), 200)))),
               h("td", { class: "delta " + (row.delta > 0 ? "pos" : "neg") }, deltaText(row.delta)),
               reply(row.before), reply(row.after))))) : null]);
     },
   };
 }
 
-function taskView(key, mode) {
+function taskView(rolloutId, mode) {
   fill(view, h("div", { class: "empty" }, "loading…"));
   return {
-    load: () => api("tasks/" + encodeURIComponent(key) + (mode ? "?mode=" + encodeURIComponent(mode) : "")),
+    load: () => api("rollouts/" + encodeURIComponent(rolloutId) + "/task" + (mode ? "?mode=" + encodeURIComponent(mode) : "")),
     draw: (t) => fill(view,
       h("h2", {}, h("a", { href: "#/changes" + (mode ? "?mode=" + mode : "") }, "What changed"), " · one task across versions"),
       h("div", { class: "panel kv" }, h("span", {}, "task"), h("pre", {}, typeof t.input === "string" ? t.input : JSON.stringify(t.input, null, 2))),
