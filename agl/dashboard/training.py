@@ -282,6 +282,8 @@ def _sample_view(
         "num_calls": sample.num_calls,
         "call_spans": [list(span) for span in sample.call_spans],
         "call_span_ids": [m.span_id if m is not None else None for m in members],
+        # calls merged although their prompt re-rendered the previous reply: the strip shows the reply
+        "reconciled_calls": sample.reconciled_calls,
         "mismatch": mismatch,
         "input_ids": shown,
         "loss_mask": list(sample.loss_mask)[: len(shown)],

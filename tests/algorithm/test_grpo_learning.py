@@ -69,6 +69,22 @@ def test_build_batch_counts_overlong_samples_and_calls_without_token_ids() -> No
     assert sorted(s.rollout_id for s in batch.samples) == ["c2", "c3"]
 
 
+def test_build_batch_counts_reconciled_merges_apart_from_what_still_splits() -> None:
+    spans: dict[str, list[Span]] = {}
+    prompt, reply = [1, 7, 2, 5, 1, 9, 5], [20, 21, 2]  # ChatML-like: 2 ends a turn, 5 1 9 5 opens one
+    for rid, reward, second in (
+        ("f1", 1.0, prompt + [20, 22, 21, 2, 5, 1, 30, 5, 2, 5, 1, 9, 5]),  # reply re-rendered: reconciled
+        ("f2", 0.0, [3, *prompt[1:], 20, 21, 2, 5]),  # the first prompt changed: two samples
+    ):
+        m = SpanMaker(rollout_id=rid)
+        spans[rid] = [m.call(prompt, reply), m.call(second, [4, 2]), m.reward(reward)]
+    batch = build_batch(
+        [_rollout(r, "gf") for r in spans], spans, GRPOConfig(model_path="unused", group_size=2)
+    )
+    assert batch.metrics["mismatch_reconciled"] == 1.0 and batch.metrics["mismatch_template_change"] == 1.0
+    assert batch.metrics["merged_fraction"] == 0.5 and batch.metrics["samples"] == 3.0
+
+
 def test_build_batch_trains_only_the_chosen_agent() -> None:
     spans: dict[str, list[Span]] = {}
     for rid, reward in (("d1", 1.0), ("d2", 0.0)):

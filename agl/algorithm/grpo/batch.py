@@ -183,6 +183,8 @@ def build_batch(
         "merged_fraction": report.merged_fraction,
         "calls_without_token_ids": float(report.skipped_no_token_ids),
         **{f"mismatch_{k}": float(v) for k, v in report.mismatches.items()},
+        # merged after all: the prompt re-rendered the previous reply (a parsed tool call templated anew)
+        "mismatch_reconciled": float(report.reconciled_calls),
     }
     return StepBatch(samples, advs, index, metrics)
 
