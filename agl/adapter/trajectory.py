@@ -56,8 +56,14 @@ class MergeReport:
     merged_calls: int = 0
     #: of ``merged_calls``, those whose prompt re-rendered the previous reply (see :func:`reply_end`)
     reconciled_calls: int = 0
-    skipped_no_token_ids: int = 0
+    #: calls left out, by the reason :func:`untrainable_reason` gives
+    untrainable: Counter[str] = field(default_factory=Counter)
     mismatches: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def skipped_no_token_ids(self) -> int:
+        """Calls left out for any reason: without the engine's token ids (or with unusable ones)."""
+        return sum(self.untrainable.values())
 
     @property
     def merged_fraction(self) -> float:
@@ -75,8 +81,29 @@ class MergeReport:
         self.samples += other.samples
         self.merged_calls += other.merged_calls
         self.reconciled_calls += other.reconciled_calls
-        self.skipped_no_token_ids += other.skipped_no_token_ids
+        self.untrainable.update(other.untrainable)
         self.mismatches.update(other.mismatches)
+
+
+#: why a model call cannot be trained, by the key :func:`untrainable_reason` returns
+UNTRAINABLE = {
+    "failed": "the call failed: no reply to train on",
+    "not_through_gateway": "recorded only client-side: the call did not go through the gateway (an "
+    "external endpoint, or a client not pointed at it), so there are no engine token ids",
+    "no_token_ids": "no token ids: the backend returned none (an external API, or one not asked for them)",
+    "logprobs_mismatch": "logprobs do not match the completion tokens",
+}
+
+
+def untrainable_reason(call: LLMCall) -> str | None:
+    """Why ``call`` cannot be trained (a key of :data:`UNTRAINABLE`), or None if it can."""
+    if call.has_token_ids:
+        if call.logprobs is not None and len(call.logprobs) != len(call.completion_token_ids or []):
+            return "logprobs_mismatch"
+        return None
+    if call.error is not None:
+        return "failed"
+    return "no_token_ids" if call.source == "gateway" else "not_through_gateway"
 
 
 def _prompt(call: LLMCall) -> list[int]:
@@ -188,10 +215,11 @@ def to_samples(
     report = MergeReport(rollouts=1, calls=len(calls))
     usable = []
     for call in calls:
-        if call.has_token_ids and (call.logprobs is None or len(call.logprobs) == len(_response(call))):
+        reason = untrainable_reason(call)
+        if reason is None:
             usable.append(call)
         else:
-            report.skipped_no_token_ids += 1
+            report.untrainable[reason] += 1
     built: list[_Building] = []
     for call in usable:
         current = built[-1] if built else None

@@ -51,7 +51,7 @@ def test_build_batch_drops_failed_rollouts_and_zero_variance_groups_and_counts_t
     assert batch.metrics["reward_mean"] == pytest.approx(0.5)
 
 
-def test_build_batch_counts_overlong_samples_and_calls_without_token_ids() -> None:
+def test_build_batch_counts_overlong_samples_and_untrainable_calls_by_reason() -> None:
     m = SpanMaker(rollout_id="c2")
     spans = {
         "c1": _simple("c1", 1.0, prompt_len=40),
@@ -65,7 +65,7 @@ def test_build_batch_counts_overlong_samples_and_calls_without_token_ids() -> No
     rollouts = [_rollout(r, "gc") for r in spans]
     batch = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2, max_sample_tokens=20))
     assert batch.metrics["overlong_samples"] == 1.0
-    assert batch.metrics["calls_without_token_ids"] == 1.0
+    assert batch.metrics["untrainable_calls"] == 1.0 and batch.metrics["untrainable_no_token_ids"] == 1.0
     assert sorted(s.rollout_id for s in batch.samples) == ["c2", "c3"]
 
 
