@@ -3,6 +3,7 @@
 The tiny model is taught to write its tool call as compact JSON; the engine parses it into ``tool_calls``,
 the openai-SDK agent sends them back, and the chat template re-renders them with ``json.dumps`` spacing.
 The adapter must train the model's own compact tokens, not the re-rendering, and mask the tool result.
+The same rule is checked on SmolLM2's real BPE tokenizer and template, for three spellings of a call.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 
+from agl import semconv as sc
 from agl.adapter import llm_calls, to_samples
 from agl.adapter.trajectory import MergeReport
 from agl.engines.builtin.server import EngineServer
@@ -124,3 +126,45 @@ async def test_a_re_rendered_tool_call_merges_with_the_models_own_tokens_trained
         f"merged share over {ROLLOUTS} rollouts: {before:.2f} by prefix alone, {total.merged_fraction:.2f} now"
     )
     assert total.merged_fraction == 1.0 and total.samples == ROLLOUTS
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        '<tool_call>{"name":"get_weather","arguments":{"city":"Paris"}}</tool_call>',  # compact
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',  # Qwen's newlines
+        'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city":  "Paris"}}</tool_call>',
+    ],
+)
+def test_a_real_bpe_tokenizer_and_template_reconcile_each_spelling(spelling: str) -> None:
+    """SmolLM2's tokenizer and ChatML template (no tools in it: the engine folds the calls back into
+    Hermes markup), with the prompts the engine itself renders; only the tokenizer, no model run."""
+    from transformers import AutoTokenizer
+
+    from agl.engines.builtin.prompts import normalise_messages, render_chat
+    from agl.models import smollm2
+    from tests.adapter.spans import SpanMaker
+
+    tok: Any = AutoTokenizer.from_pretrained(smollm2())
+
+    def encode(messages: list[dict[str, Any]]) -> list[int]:
+        rendered = render_chat(tok, normalise_messages(messages), TOOLS)
+        return (
+            list(rendered)
+            if isinstance(rendered, list)
+            else tok(rendered, add_special_tokens=False)["input_ids"]
+        )
+
+    p1 = encode(TOOL_MESSAGES)
+    reply = tok(spelling, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    history = _after_tool("call_1")
+    history[1]["content"] = "Let me check." if spelling.startswith("Let") else None
+    p2 = encode(history)
+    assert p2[: len(p1)] == p1 and p2[: len(p1) + len(reply)] != p1 + reply
+    m = SpanMaker()
+    spans = [m.call(p1, reply, attrs={sc.LLM_FINISH_REASON: "tool_calls"}), m.call(p2, [tok.eos_token_id])]
+    (sample,), report = to_samples(llm_calls(spans), 1.0)
+    assert report.reconciled_calls == 1
+    tail = tok.decode(list(sample.input_ids[len(p1) + len(reply) :]))
+    assert tail == f"\n<|im_start|>tool\n{TOOL_RESULT}<|im_end|>\n<|im_start|>assistant\n<|im_end|>"
+    assert list(sample.input_ids[: len(p1) + len(reply)]) == p1 + reply
