@@ -1,63 +1,119 @@
 """Model calls out of a rollout's spans, in sequence order, optionally for some agents only.
 
 A call's agent is, in order: its own ``agl.agent.name`` tag (the gateway sets it from an agent
-endpoint or header; the tracer from ``agl.agent_scope``), that of the client-side tracer record of
-the same response, or that of the nearest enclosing span that carries one. ``filter_calls`` also
-accepts a call under a span *named* like the agent (``agl.operation("writer")``).
+endpoint or header; the tracer from ``agl.agent_scope``), that of a client-side tracer record of the
+same call (:func:`duplicates`), or that of the nearest enclosing span that carries one.
+``filter_calls`` also accepts a call under a span *named* like the agent (``agl.operation("writer")``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from agl import semconv as sc
 from agl.schemas import LLMCall, Span
 
 
-def llm_calls(spans: Iterable[Span]) -> list[LLMCall]:
-    """Every model call the spans record (gateway or tracer), ordered by ``sequence_id``.
+def _reply(call: LLMCall) -> tuple[str, tuple[tuple[str, Any], ...]] | None:
+    """What a call answered (text, and each tool call's name and parsed arguments), to recognise the
+    same call in two records; None when the record holds no reply."""
+    message = call.response_message
+    if not isinstance(message, dict):
+        return None
+    calls = []
+    for tool_call in call.tool_calls:
+        fn = tool_call.get("function", {}) if isinstance(tool_call, dict) else {}
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            parsed = args
+        calls.append(
+            (str(fn.get("name")) if isinstance(fn, dict) else "", json.dumps(parsed, sort_keys=True))
+        )
+    return str(message.get("content") or "").strip(), tuple(calls)
 
-    When the gateway and client-side tracing both recorded the same response, the gateway's
-    record (which carries the engine's token ids) wins, and takes the tracer's agent name if it has none.
+
+def duplicates(calls: Sequence[LLMCall]) -> dict[str, str]:
+    """Each record that repeats another record's call (by span id), mapped to the record kept for it.
+
+    One call may be recorded by the gateway and by client-side tracers (openai's and LangChain's
+    instrumentors both, when both are on). The gateway's record is kept, else the first traced one.
+    Records with one response id are one call; a traced record without one (LangChain's streamed calls
+    carry none) is the same call as the first kept record with the same reply (gateway's first) that no
+    other such record took. A traced record with an id no gateway record has went past the gateway.
+    """
+    ordered = sorted(calls, key=lambda c: c.sequence_id)
+    gateway = [c for c in ordered if c.source == "gateway"]
+    kept = {c.response_id: c.span_id for c in gateway if c.response_id}
+    out: dict[str, str] = {}
+    anonymous: list[LLMCall] = []
+    traced_kept: list[LLMCall] = []
+    for c in ordered:
+        if c.source == "gateway":
+            continue
+        if not c.response_id:
+            anonymous.append(c)
+        elif c.response_id in kept:
+            out[c.span_id] = kept[c.response_id]
+        else:
+            kept[c.response_id] = c.span_id
+            traced_kept.append(c)
+    replies = {c.span_id: _reply(c) for c in [*gateway, *traced_kept]}
+    claimed: set[str] = set()
+    for c in anonymous:
+        reply = _reply(c)
+        match = next(
+            (k for k, r in replies.items() if k not in claimed and reply is not None and r == reply), None
+        )
+        if match is not None:
+            claimed.add(match)
+            out[c.span_id] = match
+    return out
+
+
+def llm_calls(spans: Iterable[Span]) -> list[LLMCall]:
+    """Every model call the spans record (gateway or tracer), ordered by ``sequence_id``, each once.
+
+    When the gateway and client-side tracing both recorded the same call (see :func:`duplicates`),
+    the gateway's record (which carries the engine's token ids) wins, and takes a tracer record's agent
+    name if it has none.
     """
     calls = sorted(
         (c for c in (LLMCall.from_span(s) for s in spans) if c is not None), key=lambda c: c.sequence_id
     )
-    gateway_ids = {c.response_id for c in calls if c.source == "gateway" and c.response_id}
-    traced = {
-        c.response_id: c
-        for c in calls
-        if c.source != "gateway" and c.response_id and c.response_id in gateway_ids
-    }
+    twins = duplicates(calls)
+    names: dict[str, str] = {}
+    for c in calls:
+        if c.span_id in twins and c.agent_name is not None:
+            names.setdefault(twins[c.span_id], c.agent_name)
     out = []
     for c in calls:
-        if c.source != "gateway" and c.response_id in gateway_ids:
+        if c.span_id in twins:
             continue
-        twin = traced.get(c.response_id) if c.source == "gateway" and c.response_id else None
-        if twin is not None and c.agent_name is None and twin.agent_name is not None:
-            c = dataclasses.replace(c, agent_name=twin.agent_name)
+        if c.agent_name is None and c.span_id in names:
+            c = dataclasses.replace(c, agent_name=names[c.span_id])
         out.append(c)
     return out
 
 
 class _Tree:
-    """Parent links of a rollout's spans, and the tracer twin (same response id) of each gateway call."""
+    """Parent links of a rollout's spans, and the other records (tracer twins) of each kept call record."""
 
     def __init__(self, spans: Iterable[Span]) -> None:
         self.by_id = {s.span_id: s for s in spans}
-        self.twins: dict[str, str] = {}
-        for s in self.by_id.values():
-            rid = s.attributes.get(sc.LLM_RESPONSE_ID)
-            if rid and s.attributes.get(sc.LLM_SOURCE, "gateway") != "gateway":
-                self.twins.setdefault(str(rid), s.span_id)
+        calls = [c for c in (LLMCall.from_span(s) for s in self.by_id.values()) if c is not None]
+        self.twins: dict[str, list[str]] = {}
+        for tracer, gateway in duplicates(calls).items():
+            self.twins.setdefault(gateway, []).append(tracer)
 
     def ancestors(self, call: LLMCall) -> Iterator[Span]:
         """Enclosing spans of the call, then of its tracer twin (nearest first)."""
-        starts = [call.span_id]
-        if call.response_id and call.response_id in self.twins:
-            starts.append(self.twins[call.response_id])
+        starts = [call.span_id, *self.twins.get(call.span_id, [])]
         seen: set[str] = set()
         for start in starts:
             parent = self.by_id[start].parent_id if start in self.by_id else None

@@ -2,8 +2,11 @@
 
 Trajectory level (the default): a call whose prompt ids begin exactly with the previous call's prompt
 plus response ids extends that sample; the inserted tokens (tool results, user turns, template
-tokens) get loss mask 0, the model's own tokens mask 1. Anything else starts a new sample, and the
-report says why. Transition level: one sample per call. Token ids are only ever the engine's.
+tokens) get loss mask 0, the model's own tokens mask 1. A call whose prompt begins with the previous
+prompt but re-renders the previous reply (a tool call parsed and templated again) extends it too, with
+the model's own reply kept in place of the re-rendering (see :func:`reply_end`). Anything else starts a
+new sample, and the report says why. Transition level: one sample per call. Token ids are only ever
+the engine's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class Sample:
     call_response_ids: tuple[str | None, ...] = ()
     #: per-token advantages aligned with ``input_ids`` (per-call credit); None: one advantage per sample
     token_advantages: tuple[float, ...] | None = None
+    #: calls merged in after their prompt re-rendered the previous reply (see :func:`reply_end`)
+    reconciled_calls: int = 0
 
     @property
     def num_model_tokens(self) -> int:
@@ -49,8 +54,16 @@ class MergeReport:
     calls: int = 0
     samples: int = 0
     merged_calls: int = 0
-    skipped_no_token_ids: int = 0
+    #: of ``merged_calls``, those whose prompt re-rendered the previous reply (see :func:`reply_end`)
+    reconciled_calls: int = 0
+    #: calls left out, by the reason :func:`untrainable_reason` gives
+    untrainable: Counter[str] = field(default_factory=Counter)
     mismatches: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def skipped_no_token_ids(self) -> int:
+        """Calls left out for any reason: without the engine's token ids (or with unusable ones)."""
+        return sum(self.untrainable.values())
 
     @property
     def merged_fraction(self) -> float:
@@ -67,8 +80,30 @@ class MergeReport:
         self.calls += other.calls
         self.samples += other.samples
         self.merged_calls += other.merged_calls
-        self.skipped_no_token_ids += other.skipped_no_token_ids
+        self.reconciled_calls += other.reconciled_calls
+        self.untrainable.update(other.untrainable)
         self.mismatches.update(other.mismatches)
+
+
+#: why a model call cannot be trained, by the key :func:`untrainable_reason` returns
+UNTRAINABLE = {
+    "failed": "the call failed: no reply to train on",
+    "not_through_gateway": "recorded only client-side: the call did not go through the gateway (an "
+    "external endpoint, or a client not pointed at it), so there are no engine token ids",
+    "no_token_ids": "no token ids: the backend returned none (an external API, or one not asked for them)",
+    "logprobs_mismatch": "logprobs do not match the completion tokens",
+}
+
+
+def untrainable_reason(call: LLMCall) -> str | None:
+    """Why ``call`` cannot be trained (a key of :data:`UNTRAINABLE`), or None if it can."""
+    if call.has_token_ids:
+        if call.logprobs is not None and len(call.logprobs) != len(call.completion_token_ids or []):
+            return "logprobs_mismatch"
+        return None
+    if call.error is not None:
+        return "failed"
+    return "no_token_ids" if call.source == "gateway" else "not_through_gateway"
 
 
 def _prompt(call: LLMCall) -> list[int]:
@@ -79,8 +114,36 @@ def _response(call: LLMCall) -> list[int]:
     return list(call.completion_token_ids or [])
 
 
+#: the most tokens a chat template's generation prompt (``<|im_start|>assistant\n`` and the like) may take
+MAX_GENERATION_PROMPT = 16
+
+
+def reply_end(previous: LLMCall, prompt_ids: Sequence[int]) -> int | None:
+    """Where the re-rendering of ``previous``'s reply ends in ``prompt_ids``, or None if not found reliably.
+
+    Applies when ``prompt_ids`` begin with the previous prompt P but not with P plus the reply R (the
+    client sent the parsed tool calls back and the template rendered them anew). Without a tokenizer:
+    R must end with the token that closes the turns of P (it occurs in P, followed only by a generation
+    prompt of at most MAX_GENERATION_PROMPT tokens), and not by length; the re-rendered turn ends at the
+    first such token after P, and the token after it must be the one that follows it in P.
+    """
+    prompt, reply = _prompt(previous), _response(previous)
+    n = len(prompt)
+    if not reply or previous.finish_reason == "length" or list(prompt_ids[:n]) != prompt:
+        return None
+    closer = reply[-1]
+    last = next((i for i in range(n - 1, -1, -1) if prompt[i] == closer), None)
+    if last is None or last == n - 1 or n - 1 - last > MAX_GENERATION_PROMPT:
+        return None
+    end = next((i + 1 for i in range(n, len(prompt_ids)) if prompt_ids[i] == closer), None)
+    if end is None or end >= len(prompt_ids) or prompt_ids[end] != prompt[last + 1]:
+        return None
+    return end
+
+
 def classify_mismatch(previous: LLMCall, prompt_ids: Sequence[int]) -> str:
-    """Why a call does not extend the previous one: the earlier prompt changed, or only its reply did."""
+    """Why a call does not extend the previous one: the earlier prompt changed, or only its reply did
+    (and :func:`reply_end` could not find where the re-rendered reply ends)."""
     old_prompt = _prompt(previous)
     if list(prompt_ids[: len(old_prompt)]) != old_prompt:
         return "template_change"
@@ -96,6 +159,7 @@ class _Building:
     logprobs: list[float] | None
     calls: list[LLMCall]
     spans: list[tuple[int, int]]
+    reconciled: int = 0
 
 
 def _start(call: LLMCall) -> _Building:
@@ -107,8 +171,25 @@ def _start(call: LLMCall) -> _Building:
     )
 
 
-def _extend(building: _Building, call: LLMCall) -> None:
-    inserted = _prompt(call)[len(building.ids) :]
+def _follows(building: _Building, call: LLMCall) -> tuple[int, bool] | None:
+    """Where ``call``'s new prompt tokens start if it continues ``building``, and whether it re-rendered
+    the previous reply; None if it does not continue it.
+
+    The engine's previous prompt P and reply R are compared, not the sample built so far, which holds
+    R where the engine's later prompts hold its re-rendering."""
+    previous = building.calls[-1]
+    prompt, seen = _prompt(call), _prompt(previous) + _response(previous)
+    if prompt[: len(seen)] == seen:
+        return len(seen), False
+    end = reply_end(previous, prompt)
+    return None if end is None else (end, True)
+
+
+def _extend(building: _Building, call: LLMCall, start: int) -> None:
+    # After a re-rendered reply, this call's engine logprobs were computed with the re-rendering (R')
+    # in context while the sample holds the model's own reply R there; the loss treats that as one more
+    # engine/trainer gap, which its ratio clip and truncated-IS cap (LossConfig.tis_cap) already bound.
+    inserted = _prompt(call)[start:]
     response = _response(call)
     building.ids += inserted
     building.spans.append((len(building.ids), len(building.ids) + len(response)))
@@ -134,17 +215,22 @@ def to_samples(
     report = MergeReport(rollouts=1, calls=len(calls))
     usable = []
     for call in calls:
-        if call.has_token_ids and (call.logprobs is None or len(call.logprobs) == len(_response(call))):
+        reason = untrainable_reason(call)
+        if reason is None:
             usable.append(call)
         else:
-            report.skipped_no_token_ids += 1
+            report.untrainable[reason] += 1
     built: list[_Building] = []
     for call in usable:
         current = built[-1] if built else None
         prompt = _prompt(call)
-        if level == "trajectory" and current is not None and prompt[: len(current.ids)] == current.ids:
-            _extend(current, call)
+        follows = _follows(current, call) if level == "trajectory" and current is not None else None
+        if current is not None and follows is not None:
+            start, reconciled = follows
+            _extend(current, call, start)
+            current.reconciled += reconciled
             report.merged_calls += 1
+            report.reconciled_calls += reconciled
             continue
         if current is not None and level == "trajectory":
             report.mismatches[classify_mismatch(current.calls[-1], prompt)] += 1
@@ -165,6 +251,7 @@ def to_samples(
                 model_version=last.model_version,
                 call_spans=tuple(b.spans),
                 call_response_ids=tuple(c.response_id for c in b.calls),
+                reconciled_calls=b.reconciled,
             )
         )
     report.samples = len(samples)

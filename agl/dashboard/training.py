@@ -23,7 +23,7 @@ from typing import Any, Literal
 from agl import semconv as sc
 from agl.adapter import call_rewards, final_reward, llm_calls, to_samples
 from agl.adapter.calls import call_agents, filter_calls
-from agl.adapter.trajectory import classify_mismatch
+from agl.adapter.trajectory import UNTRAINABLE, classify_mismatch, untrainable_reason
 from agl.schemas import LLMCall, ModelWeights, ResourcesVersion, Rollout, RolloutStatus, Span
 
 log = logging.getLogger(__name__)
@@ -207,8 +207,9 @@ def _rollout_reason(rollout: Rollout, spans: list[Span], flat: set[Any], setting
         return "no model calls" if settings.agent is None else f"no call of agent {settings.agent!r}"
     if all(_key(rollout, agent) in flat for agent in units):
         return "zero-variance group: every rollout got the same reward"
-    if not any(c.has_token_ids for calls in units.values() for c in calls):
-        return "no token ids: the backend returned none"
+    reasons = [untrainable_reason(c) for calls in units.values() for c in calls]
+    if all(why is not None for why in reasons):
+        return "no trainable call: " + "; ".join(sorted({UNTRAINABLE[why] for why in reasons if why}))
     return "every sample over max_sample_tokens"
 
 
@@ -290,12 +291,8 @@ def analyse_rollout(
         }
         if call.span_id not in in_unit:
             row["reason"] = f"agent filtered out: GRPO trains agent {settings.agent!r} only"
-        elif not _usable(call):
-            row["reason"] = (
-                "no token ids: the backend returned none"
-                if not call.has_token_ids
-                else "logprobs do not match the completion tokens"
-            )
+        elif (why := untrainable_reason(call)) is not None:
+            row["reason"] = UNTRAINABLE[why]
         else:
             row["reason"] = reasons.get(call.span_id)
         row["trained"] = row["reason"] is None
@@ -331,13 +328,6 @@ def _recorded_sample(view: dict[str, Any], sample: Any, rollout: Rollout, mine: 
     return None
 
 
-def _usable(call: LLMCall) -> bool:
-    """As :func:`agl.adapter.to_samples` decides: token ids present and one logprob per completion token."""
-    return call.has_token_ids and (
-        call.logprobs is None or len(call.logprobs) == len(call.completion_token_ids or [])
-    )
-
-
 def _sample_view(
     index: int,
     agent: str | None,
@@ -361,6 +351,8 @@ def _sample_view(
         "num_calls": sample.num_calls,
         "call_spans": [list(span) for span in sample.call_spans],
         "call_span_ids": [m.span_id if m is not None else None for m in members],
+        # calls merged although their prompt re-rendered the previous reply: the strip shows the reply
+        "reconciled_calls": sample.reconciled_calls,
         "mismatch": mismatch,
         "input_ids": shown,
         "loss_mask": list(sample.loss_mask)[: len(shown)],

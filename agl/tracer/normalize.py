@@ -100,11 +100,30 @@ def normalize_openinference(attrs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _langchain_response_id(result: dict[str, Any]) -> str | None:
+    """The provider's response id in a LangChain ``LLMResult`` (``llm_output.id``, or the first
+    generation's ``response_metadata.id``); a streamed one often has none."""
+    output = result.get("llm_output")
+    if isinstance(output, dict) and isinstance(output.get("id"), str):
+        return str(output["id"])
+    generations = result.get("generations")
+    first = generations[0] if isinstance(generations, list) and generations else None
+    generation = first[0] if isinstance(first, list) and first and isinstance(first[0], dict) else {}
+    message = generation.get("message")
+    kwargs = message.get("kwargs") if isinstance(message, dict) else None
+    metadata = kwargs.get("response_metadata") if isinstance(kwargs, dict) else None
+    found = metadata.get("id") if isinstance(metadata, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def _from_response(response: dict[str, Any]) -> dict[str, Any]:
-    """Response id, finish reason, message text and engine token ids out of a chat/completions body."""
+    """Response id, finish reason, message text and engine token ids out of a chat/completions body
+    (or, for the id alone, out of LangChain's ``LLMResult``, which wraps the body it was parsed from)."""
     out: dict[str, Any] = {}
     if "id" in response:
         out[sc.LLM_RESPONSE_ID] = response["id"]
+    elif "generations" in response and (lc_id := _langchain_response_id(response)) is not None:
+        out[sc.LLM_RESPONSE_ID] = lc_id
     choices = response.get("choices") or []
     choice = choices[0] if choices and isinstance(choices[0], dict) else {}
     if choice.get("finish_reason"):

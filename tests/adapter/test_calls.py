@@ -1,11 +1,14 @@
-"""Agent filtering of model calls and the messages adapter."""
+"""Agent filtering of model calls, one call recorded several times counted once, and the messages adapter."""
 
 from __future__ import annotations
 
 import re
 
 from agl import semconv as sc
-from agl.adapter import filter_calls, llm_calls, to_messages
+from agl.adapter import filter_calls, llm_calls, to_messages, to_samples
+from agl.adapter.calls import duplicates
+from agl.adapter.trajectory import UNTRAINABLE, untrainable_reason
+from agl.schemas import LLMCall
 from tests.adapter.spans import SpanMaker
 
 
@@ -102,3 +105,82 @@ def test_messages_keep_tool_calls_of_the_final_reply() -> None:
         {"role": "user", "content": "find x"},
         {"role": "assistant", "tool_calls": [tool_call]},
     ]
+
+
+def test_a_traced_record_without_a_response_id_is_paired_by_its_reply() -> None:
+    m = SpanMaker()
+    reply = {sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": "same"}}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+    tool_reply = {sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": None}, sc.LLM_TOOL_CALLS: [call]}
+    spaced = {**call, "function": {"name": "f", "arguments": '{"a": 1}'}}
+    spans = [
+        m.call([1], [2], response_id="g1", attrs=reply),
+        m.call([1], [2], response_id="g2", attrs=reply),  # the same text again: paired in call order
+        m.call([3], [4], response_id="g3", attrs=tool_reply),
+        # LangChain's streamed records: no response id, no token ids
+        m.span(sc.SPAN_LLM_CALL, {sc.LLM_SOURCE: "openinference", sc.LLM_API: "chat.completions", **reply}),
+        m.span(sc.SPAN_LLM_CALL, {sc.LLM_SOURCE: "openinference", sc.LLM_API: "chat.completions", **reply}),
+        m.span(
+            sc.SPAN_LLM_CALL,
+            {
+                sc.LLM_SOURCE: "openinference",
+                sc.LLM_API: "chat.completions",
+                sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": ""},
+                sc.LLM_TOOL_CALLS: [spaced],  # the same arguments, serialised with other spacing
+            },
+        ),
+    ]
+    dupes = duplicates([c for c in (LLMCall.from_span(s) for s in spans) if c is not None])
+    assert dupes == {
+        spans[3].span_id: spans[0].span_id,
+        spans[4].span_id: spans[1].span_id,
+        spans[5].span_id: spans[2].span_id,
+    }
+    assert [c.response_id for c in llm_calls(spans)] == ["g1", "g2", "g3"]
+
+
+def test_two_tracers_recording_one_call_past_the_gateway_count_it_once() -> None:
+    m = SpanMaker()
+    reply = {sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": "hosted"}}
+    spans = [
+        m.span(  # the openai instrumentor's record of a call to a hosted API: its id, no token ids
+            sc.SPAN_LLM_CALL,
+            {
+                sc.LLM_SOURCE: "openinference",
+                sc.LLM_API: "chat.completions",
+                sc.LLM_RESPONSE_ID: "x1",
+                **reply,
+            },
+        ),
+        m.span(  # LangChain's record of it, streamed: no id
+            sc.SPAN_LLM_CALL, {sc.LLM_SOURCE: "openinference", sc.LLM_API: "chat.completions", **reply}
+        ),
+        m.span(  # another call to it that only one tracer saw, with another reply
+            sc.SPAN_LLM_CALL,
+            {
+                sc.LLM_SOURCE: "openinference",
+                sc.LLM_API: "chat.completions",
+                sc.LLM_RESPONSE_MESSAGE: {"role": "assistant", "content": "other"},
+            },
+        ),
+    ]
+    calls = llm_calls(spans)
+    assert [c.span_id for c in calls] == [spans[0].span_id, spans[2].span_id]
+    _, report = to_samples(calls, 1.0)
+    assert report.untrainable == {"not_through_gateway": 2}
+
+
+def test_each_untrainable_call_says_why() -> None:
+    m = SpanMaker()
+    spans = [
+        m.call([1], [2]),
+        m.span(sc.SPAN_LLM_CALL, {sc.LLM_API: "chat.completions"}),  # a hosted API through the gateway
+        m.span(sc.SPAN_LLM_CALL, {sc.LLM_API: "chat.completions", sc.LLM_ERROR: "upstream 400"}),
+        m.call([1], [2, 3], [-0.1]),  # one logprob for two tokens
+    ]
+    calls = llm_calls(spans)
+    assert [untrainable_reason(c) for c in calls] == [None, "no_token_ids", "failed", "logprobs_mismatch"]
+    assert all(reason in UNTRAINABLE for reason in ("no_token_ids", "failed", "logprobs_mismatch"))
+    _, report = to_samples(calls, 1.0)
+    assert report.untrainable == {"no_token_ids": 1, "failed": 1, "logprobs_mismatch": 1}
+    assert report.skipped_no_token_ids == 3

@@ -171,3 +171,59 @@ def test_group_id_and_model_version_travel_with_the_sample() -> None:
 def test_no_usable_calls_give_no_samples() -> None:
     samples, report = to_samples([], 1.0)
     assert samples == [] and report.samples == 0 and report.merged_fraction == 1.0
+
+
+# ChatML-like ids: 1 <|im_start|>, 2 <|im_end|>, 5 "\n", 9 "assistant", 30 "tool"
+P1 = [1, 7, 8, 2, 5, 1, 9, 5]  # a user turn, then the generation prompt
+COMPACT = [20, 21, 22, 2]  # the model's tool call, ending its turn
+RE_RENDERED = [20, 23, 24, 22, 2]  # the same call as the template renders it from the parsed tool_calls
+TOOL_TURN = [5, 1, 30, 5, 40, 2, 5, 1, 9, 5]  # the tool's result, then the generation prompt
+
+
+def test_a_re_rendered_reply_is_reconciled_with_the_models_own_tokens_trained() -> None:
+    m = SpanMaker()
+    p2 = P1 + RE_RENDERED + TOOL_TURN
+    p3 = p2 + [41, 2] + TOOL_TURN  # the second reply came back exactly: a plain extension
+    spans = [
+        m.call(P1, COMPACT, [-0.1, -0.2, -0.3, -0.4], attrs={sc.LLM_FINISH_REASON: "tool_calls"}),
+        m.call(p2, [41, 2], [-0.5, -0.6]),
+        m.call(p3, [42, 2], [-0.7, -0.8]),
+    ]
+    (s,), report = to_samples(llm_calls(spans), 1.0)
+    assert s.input_ids == (*P1, *COMPACT, *TOOL_TURN, 41, 2, *TOOL_TURN, 42, 2)
+    assert s.loss_mask == (0,) * 8 + (1,) * 4 + (0,) * 10 + (1, 1) + (0,) * 10 + (1, 1)
+    gap = (0.0,) * len(TOOL_TURN)
+    assert s.old_logprobs == (0.0,) * 8 + (-0.1, -0.2, -0.3, -0.4) + gap + (-0.5, -0.6) + gap + (-0.7, -0.8)
+    assert s.call_spans == ((8, 12), (22, 24), (34, 36)) and s.reconciled_calls == 1
+    assert report.merged_calls == 2 and report.reconciled_calls == 1 and not report.mismatches
+    assert report.merged_fraction == 1.0
+
+
+@pytest.mark.parametrize(
+    ("first_reply", "finish", "second_prompt", "why"),
+    [
+        # the earlier prompt itself changed: nothing to reconcile
+        (COMPACT, "stop", [1, 6, 8, 2, 5, 1, 9, 5, *RE_RENDERED, *TOOL_TURN], "template_change"),
+        # cut by max_tokens: the reply has no end-of-turn token to find again
+        ([20, 21, 22], "length", P1 + RE_RENDERED + TOOL_TURN, "retokenization"),
+        # the reply ends with a token that closes no turn of the prompt
+        ([20, 21, 22, 23], "stop", P1 + [20, 24, 22, 23, 2] + TOOL_TURN, "retokenization"),
+        # the end token is found, but the template's turn separator does not follow it
+        (COMPACT, "stop", P1 + RE_RENDERED + [6, 1, 30, 5, 40, 2, 5, 1, 9, 5], "retokenization"),
+    ],
+)
+def test_what_cannot_be_reconciled_stays_a_mismatch(
+    first_reply: list[int], finish: str, second_prompt: list[int], why: str
+) -> None:
+    m = SpanMaker()
+    spans = [m.call(P1, first_reply, attrs={sc.LLM_FINISH_REASON: finish}), m.call(second_prompt, [41, 2])]
+    samples, report = to_samples(llm_calls(spans), 1.0)
+    assert [s.input_ids for s in samples] == [(*P1, *first_reply), (*second_prompt, 41, 2)]
+    assert report.mismatches == {why: 1} and report.reconciled_calls == 0 and report.merged_calls == 0
+
+
+def test_transition_level_never_reconciles() -> None:
+    m = SpanMaker()
+    spans = [m.call(P1, COMPACT), m.call(P1 + RE_RENDERED + TOOL_TURN, [41, 2])]
+    samples, report = to_samples(llm_calls(spans), 1.0, level="transition")
+    assert len(samples) == 2 and report.reconciled_calls == 0

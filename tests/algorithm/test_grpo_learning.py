@@ -51,7 +51,7 @@ def test_build_batch_drops_failed_rollouts_and_zero_variance_groups_and_counts_t
     assert batch.metrics["reward_mean"] == pytest.approx(0.5)
 
 
-def test_build_batch_counts_overlong_samples_and_calls_without_token_ids() -> None:
+def test_build_batch_counts_overlong_samples_and_untrainable_calls_by_reason() -> None:
     m = SpanMaker(rollout_id="c2")
     spans = {
         "c1": _simple("c1", 1.0, prompt_len=40),
@@ -65,8 +65,24 @@ def test_build_batch_counts_overlong_samples_and_calls_without_token_ids() -> No
     rollouts = [_rollout(r, "gc") for r in spans]
     batch = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2, max_sample_tokens=20))
     assert batch.metrics["overlong_samples"] == 1.0
-    assert batch.metrics["calls_without_token_ids"] == 1.0
+    assert batch.metrics["untrainable_calls"] == 1.0 and batch.metrics["untrainable_no_token_ids"] == 1.0
     assert sorted(s.rollout_id for s in batch.samples) == ["c2", "c3"]
+
+
+def test_build_batch_counts_reconciled_merges_apart_from_what_still_splits() -> None:
+    spans: dict[str, list[Span]] = {}
+    prompt, reply = [1, 7, 2, 5, 1, 9, 5], [20, 21, 2]  # ChatML-like: 2 ends a turn, 5 1 9 5 opens one
+    for rid, reward, second in (
+        ("f1", 1.0, prompt + [20, 22, 21, 2, 5, 1, 30, 5, 2, 5, 1, 9, 5]),  # reply re-rendered: reconciled
+        ("f2", 0.0, [3, *prompt[1:], 20, 21, 2, 5]),  # the first prompt changed: two samples
+    ):
+        m = SpanMaker(rollout_id=rid)
+        spans[rid] = [m.call(prompt, reply), m.call(second, [4, 2]), m.reward(reward)]
+    batch = build_batch(
+        [_rollout(r, "gf") for r in spans], spans, GRPOConfig(model_path="unused", group_size=2)
+    )
+    assert batch.metrics["mismatch_reconciled"] == 1.0 and batch.metrics["mismatch_template_change"] == 1.0
+    assert batch.metrics["merged_fraction"] == 0.5 and batch.metrics["samples"] == 3.0
 
 
 def test_build_batch_trains_only_the_chosen_agent() -> None:

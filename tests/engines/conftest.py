@@ -39,29 +39,8 @@ def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tool_model_path(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model overfitted (a few seconds of Adam) to answer TOOL_MESSAGES with TOOL_REPLY."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from tests.support.overfit import overfit_replies
 
-    # Any, as Engine.tokenizer is: HF's stubs type chat messages as str-only dicts
-    tok: Any = AutoTokenizer.from_pretrained(tiny_path)
-    model = AutoModelForCausalLM.from_pretrained(tiny_path)
-    prompt = tok.apply_chat_template(TOOL_MESSAGES, tools=TOOLS, tokenize=False, add_generation_prompt=True)
-    p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    c_ids = tok(TOOL_REPLY, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    ids = torch.tensor([p_ids + c_ids])
-    labels = ids.clone()
-    labels[0, : len(p_ids)] = -100
-    torch.manual_seed(0)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(300):
-        loss = model(input_ids=ids, labels=labels).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if loss.item() < 0.01:
-            break
-    out = tmp_path_factory.mktemp("tool-model")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return overfit_replies(
+        tiny_path, tmp_path_factory.mktemp("tool-model"), [(TOOL_MESSAGES, TOOL_REPLY)], TOOLS
+    )

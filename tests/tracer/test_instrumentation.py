@@ -90,12 +90,14 @@ async def test_langchain_chat_openai(store: InMemoryLightningStore) -> None:
         await model.ainvoke([("system", SYSTEM), ("user", GIVEN)])
 
     calls = await _calls(store, agent)
-    langchain = [
-        c for c in calls if c.attributes.get("openinference.span.kind") == "LLM" and c.response_id is None
-    ]
+    langchain = [c for c in calls if "langchain" in str(c.attributes.get("metadata"))]
     assert calls and all(c.request_messages and c.request_messages[-1]["content"] == GIVEN for c in calls)
     assert any(c.response_message and c.response_message.get("content") == "ANSWER: 8" for c in calls)
-    assert langchain  # the LangChain span itself, beside the openai one it wraps
+    assert (
+        len(langchain) == 1 and len(calls) == 2
+    )  # the LangChain span itself, beside the openai one it wraps
+    # its LLMResult names the response: the two records are one call
+    assert {c.response_id for c in calls} == {langchain[0].response_id} != {None}
 
 
 def test_normalize_keeps_engine_token_ids() -> None:
@@ -119,6 +121,24 @@ def test_normalize_keeps_engine_token_ids() -> None:
     assert out[sc.LLM_LOGPROBS] == [-0.5, -0.25] and out[sc.LLM_HAS_TOKEN_IDS] is True
     assert out[sc.LLM_MODEL_VERSION] == "4" and out[sc.LLM_FINISH_REASON] == "stop"
     assert normalize_openinference({"openinference.span.kind": "CHAIN"}) == {}
+
+
+def test_normalize_finds_the_response_id_in_a_langchain_result() -> None:
+    def result(llm_output: dict[str, Any] | None, metadata: dict[str, Any]) -> dict[str, Any]:
+        message = {"lc": 1, "type": "constructor", "kwargs": {"content": "hi", "response_metadata": metadata}}
+        return {
+            "generations": [[{"text": "hi", "message": message}]],
+            "llm_output": llm_output,
+            "type": "LLMResult",
+        }
+
+    def response_id(value: dict[str, Any]) -> Any:
+        attrs = {"openinference.span.kind": "LLM", "output.value": json.dumps(value)}
+        return normalize_openinference(attrs).get(sc.LLM_RESPONSE_ID)
+
+    assert response_id(result({"id": "chatcmpl-1"}, {"id": "chatcmpl-1"})) == "chatcmpl-1"
+    assert response_id(result(None, {"id": "chatcmpl-2"})) == "chatcmpl-2"
+    assert response_id(result({}, {"finish_reason": "stop"})) is None  # streamed: LangChain keeps no id
 
 
 async def test_calls_outside_a_rollout_are_not_recorded(server: SimulatedLMServer) -> None:

@@ -205,8 +205,13 @@ def build_batch(
         "samples": float(len(samples)),
         "samples_per_rollout": report.samples / len(ok) if ok else 0.0,
         "merged_fraction": report.merged_fraction,
-        "calls_without_token_ids": float(report.skipped_no_token_ids),
+        # model calls left out, each counted once (a gateway record and a tracer record of one call are
+        # one call), by why: failed, not_through_gateway, no_token_ids, logprobs_mismatch
+        "untrainable_calls": float(report.skipped_no_token_ids),
+        **{f"untrainable_{k}": float(v) for k, v in report.untrainable.items()},
         **{f"mismatch_{k}": float(v) for k, v in report.mismatches.items()},
+        # merged after all: the prompt re-rendered the previous reply (a parsed tool call templated anew)
+        "mismatch_reconciled": float(report.reconciled_calls),
     }
     trained = {s.rollout_id for s in samples}
     reasons = {rid: why for rid, why in reasons.items() if rid not in trained}

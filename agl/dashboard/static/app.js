@@ -419,6 +419,7 @@ function sampleStrip(sm, decoded, loading, skipWord) {
       (sm.agent ? ` · agent ${sm.agent}` : "") + ` · advantage ${fmtNum(sm.advantage)}` + (sm.loss_weight !== null && sm.loss_weight !== undefined ? ` · loss weight ${fmtNum(sm.loss_weight)}` : "")),
       " ", sm.trained ? h("span", { class: "badge s-succeeded" }, "trained") : h("span", { class: "badge s-cancelled", title: sm.reason }, `${skipWord}: ${sm.reason}`)),
     sm.mismatch ? h("div", { class: "mismatch" }, `Starts a new sample: prefix mismatch (${sm.mismatch.class}) with the previous sample at token ${sm.mismatch.at}.`) : null,
+    sm.reconciled_calls ? h("div", { class: "mute reconciled" }, `${sm.reconciled_calls} call${sm.reconciled_calls === 1 ? "" : "s"} merged although ${sm.reconciled_calls === 1 ? "its" : "their"} prompt re-rendered the previous reply (a parsed tool call templated anew): the strip holds the model's own reply, as trained.`) : null,
     h("div", { class: "legend" }, h("span", { class: "tok ctx" }, "context (mask 0)"), h("span", { class: "tok gen", style: "background:hsl(100,70%,80%)" }, "completion, likely"),
       h("span", { class: "tok gen", style: "background:hsl(10,70%,80%)" }, "completion, unlikely"), h("span", { class: "tok gen call-start" }, "a call's first token"),
       decoded ? "" : h("span", { class: "mute tokenizer-note" }, loading ? " (the tokenizer is loading: token ids shown until it is ready)" : " (no tokenizer next to the weights: token ids shown)")),
