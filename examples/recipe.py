@@ -53,6 +53,19 @@ def recipe_args(
     parser.add_argument(
         "--out", type=Path, default=None, help=f"output folder (default: results/{name}[-tiny])"
     )
+    teacher = parser.add_argument_group("warm start from a teacher instead of the gold-derived traces")
+    teacher.add_argument(
+        "--teacher",
+        default=None,
+        help="a stronger model: a local Hugging Face folder, or an OpenAI-compatible base URL (http...)",
+    )
+    teacher.add_argument("--teacher-model", default=None, help="the model name a --teacher URL serves")
+    teacher.add_argument(
+        "--teacher-samples", type=int, default=4, help="teacher rollouts per train task (default: 4)"
+    )
+    teacher.add_argument(
+        "--teacher-tasks", type=int, default=32, help="train tasks the teacher runs on (default: 32)"
+    )
     args = parser.parse_args(argv)
     tiny = args.model == "tiny"
     args.out = args.out or Path(f"results/{name}-tiny" if tiny else f"results/{name}")
@@ -236,16 +249,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         activation_checkpointing=True,
         precision=args.precision,
         seed=args.seed,
-        warm_start=WarmStart(
-            conversations=recipe.warm_start,
-            tools=recipe.tools,
-            steps=args.sft_steps,
-            batch_size=8,
-            lr=args.sft_lr,
-            seed=args.seed,
-        )
-        if args.sft_steps
-        else None,
+        warm_start=warm_start(recipe, args),
         **recipe.grpo,
     )
     started = time.perf_counter()
@@ -285,6 +289,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         "sft_steps": args.sft_steps,
         "sft_lr": args.sft_lr,
         "temperature": args.temperature,
+        "warm_start_from": args.teacher or ("gold-derived traces" if args.sft_steps else None),
         "wall_time_s": round(wall, 1),
         "seed": args.seed,
         "split_seed": args.split_seed,
@@ -295,6 +300,28 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     return summary
+
+
+def warm_start(recipe: Recipe, args: argparse.Namespace) -> WarmStart | agl.Teacher | None:
+    """The SFT warm start: the teacher's best rollouts when ``--teacher`` names one (no gold traces
+    used), else the recipe's gold-derived conversations; none with ``--sft-steps 0``."""
+    if not args.sft_steps:
+        return None
+    schedule = {"steps": args.sft_steps, "batch_size": 8, "lr": args.sft_lr, "seed": args.seed}
+    if args.teacher:
+        where = (
+            {"endpoint": args.teacher}
+            if args.teacher.startswith(("http://", "https://"))
+            else {"path": args.teacher}
+        )
+        return agl.Teacher(
+            **where,
+            model=args.teacher_model,
+            samples_per_task=args.teacher_samples,
+            max_tasks=args.teacher_tasks,
+            **schedule,
+        )
+    return WarmStart(conversations=recipe.warm_start, tools=recipe.tools, **schedule)
 
 
 def plot(

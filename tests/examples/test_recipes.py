@@ -97,3 +97,32 @@ def test_multi_agent_recipe_trains_only_the_solver(tmp_path: Path) -> None:
     calls = summary["training_calls"]
     assert calls["recorded"].get("checker", 0) > 0 and calls["recorded"].get("solver", 0) > 0
     assert set(calls["trainable"]) == {"solver"}  # the checker's calls never enter a batch
+
+
+def test_teacher_options_replace_the_gold_warm_start(tmp_path: Path) -> None:
+    """``--teacher`` makes a recipe warm-start from a stronger model's rollouts instead of gold traces."""
+    import agl
+    from agl.algorithm.grpo import WarmStart
+    from agl.errors import ConfigError
+    from examples.recipe import Recipe, recipe_args, warm_start
+
+    recipe = Recipe(
+        "r", "none", agent=None, train=[], test=[], warm_start=[[{"role": "user", "content": "x"}]]
+    )
+    base = ["--model", "tiny", "--out", str(tmp_path)]
+    gold = warm_start(recipe, recipe_args("doc", "r", argv=base))
+    assert isinstance(gold, WarmStart) and gold.conversations == recipe.warm_start
+    local = warm_start(
+        recipe, recipe_args("doc", "r", argv=[*base, "--teacher", "/models/big", "--teacher-samples", "2"])
+    )
+    assert isinstance(local, agl.Teacher) and local.path == "/models/big" and local.samples_per_task == 2
+    url = [*base, "--teacher", "http://127.0.0.1:9/v1", "--teacher-model", "big", "--teacher-tasks", "8"]
+    remote = warm_start(recipe, recipe_args("doc", "r", argv=url))
+    assert isinstance(remote, agl.Teacher) and (remote.endpoint, remote.model, remote.max_tasks) == (
+        "http://127.0.0.1:9/v1",
+        "big",
+        8,
+    )
+    with pytest.raises(ConfigError, match="model="):  # an endpoint needs the model name it serves
+        warm_start(recipe, recipe_args("doc", "r", argv=[*base, "--teacher", "http://127.0.0.1:9/v1"]))
+    assert warm_start(recipe, recipe_args("doc", "r", argv=[*base, "--sft-steps", "0"])) is None
