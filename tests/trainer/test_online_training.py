@@ -27,7 +27,7 @@ from agl.errors import ConfigError
 from agl.gateway import Gateway, GatewayConfig, UpstreamConfig
 from agl.models import tiny_model
 from agl.store import SqliteLightningStore, open_store
-from agl.trainer.online import OnlineSettings, gate, rollback, run_round, served_version
+from agl.trainer.online import OnlineSettings, gate, rollback, run_round, run_schedule, served_version
 from tests.tiny_agents import scored_agent
 
 REWARD = "reward-token-0123456789"
@@ -151,6 +151,16 @@ def test_online_rounds_train_on_rewarded_traffic_gate_publish_and_roll_back(
     assert rollback(out, "v1", engine.url) == "v1"
     code = _cli("model", "rollback", "--out", str(out), "--to", "v9", "--engine", engine.url)
     assert code[0] == 2 and "--to 'v9': no such version" in code[2]
+    code = _cli("model", "versions", "--out", str(out))
+    assert code[0] == 0 and [line.split("\t")[0] for line in code[1].splitlines()] == ["v0", "v1"]
+
+    # the schedule: a round as soon as one new rewarded rollout is in (alone it has no baseline to beat)
+    _talk(gw, ["h"])
+    _reward(gw, {"h": 1.0})
+    (fourth,) = run_schedule(config, settings, every_rollouts=1, every_minutes=None, poll_s=0.1, rounds=1)
+    assert fourth.round == 4 and fourth.counts["rewarded_new"] == 1 and fourth.decision == "nothing to train"
+    with pytest.raises(ConfigError, match="--every-rollouts N and/or --every-minutes T"):
+        run_schedule(config, settings, every_rollouts=None, every_minutes=None)
 
 
 def _cli(*args: str) -> tuple[int, str, str]:
