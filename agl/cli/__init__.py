@@ -26,6 +26,7 @@ _GROUPS: dict[str, tuple[str, str]] = {
     "engine": ("agl.cli.engine", "Serve a local Hugging Face model over the OpenAI protocol."),
     "dashboard": ("agl.cli.dashboard", "Serve the web dashboard for a remote store."),
     "runner": ("agl.cli.runner", "Attach runners on this machine to a remote store."),
+    "model": ("agl.cli.model", "The versions agl train --online published: list them, roll back."),
 }
 
 for _name, (_module, _help) in _GROUPS.items():

@@ -4,7 +4,8 @@ The agent is imported as ``agl runner --agent`` does, the datasets are JSONL fil
 and the config is YAML or TOML whose sections are the config dataclasses (``grpo:`` -> ``GRPOConfig``,
 ``sft:``, ``apo:``) and ``Trainer``'s keyword arguments (``trainer:``), with ``--set KEY=VALUE``
 overrides on top. Valid keys come from the dataclass fields and Trainer's signature, so they never
-drift from the code. Bad input exits 2 with one line naming the problem.
+drift from the code. Bad input exits 2 with one line naming the problem. ``--online`` trains in rounds on
+the production traffic a gateway recorded instead (:mod:`agl.trainer.online`; ``agl model`` rolls back).
 """
 
 from __future__ import annotations
@@ -451,16 +452,66 @@ def train(
         None,
         "--from-store",
         help="With --algorithm sft: train offline on the succeeded rollouts already in this store "
-        "(a URL, e.g. sqlite:///results/run/store.db); --train is then not needed.",
+        "(a URL, e.g. sqlite:///results/run/store.db); --train is then not needed. With --online: the "
+        "store the gateway records production traffic to.",
         show_default=False,
+    ),
+    online: bool = typer.Option(
+        False,
+        "--online",
+        help="GRPO on the rewarded production traffic in --from-store, in rounds: "
+        "train, evaluate on --val, publish to --engine only if not worse (see agl model rollback).",
+    ),
+    once: bool = typer.Option(False, "--once", help="With --online: one round, then exit."),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help="With --online: the serving engine's URL (agl engine serve), which takes "
+        "each published version.",
+        show_default=False,
+    ),
+    engine_token: str | None = typer.Option(
+        None, "--engine-token", envvar="AGL_ENGINE_TOKEN", help="The engine's --token.", show_default=False
+    ),
+    every_rollouts: int | None = typer.Option(
+        None,
+        "--every-rollouts",
+        help="With --online: a round per N new rewarded rollouts.",
+        show_default=False,
+    ),
+    every_minutes: float | None = typer.Option(
+        None,
+        "--every-minutes",
+        help="With --online: a round every T minutes (when any new one is rewarded).",
+        show_default=False,
+    ),
+    min_gain: float = typer.Option(
+        0.0, "--min-gain", help="With --online, the gate: publish when candidate >= current + this on --val."
+    ),
+    max_version_lag: int = typer.Option(
+        2, "--max-version-lag", min=0, help="With --online: skip rollouts recorded this many versions back."
     ),
 ) -> None:
     """Train an agent with GRPO, SFT or APO: Trainer(...).fit from the shell.
 
     Prints the resolved config and saves it as OUTPUT_DIR/config.yaml; metrics and model go there too.
+    With --online, trains in rounds on production traffic instead (agl/trainer/online.py).
     """
+    flags = {"algorithm": algorithm, "agent": agent, "train": train_file, "val": val_file}
+    if online:
+        options = OnlineFlags(
+            from_store, engine, engine_token, once, every_rollouts, every_minutes, min_gain, max_version_lag
+        )
+        run_online(config, flags, overrides, options)
+        return
+    if once or engine or every_rollouts is not None or every_minutes is not None:
+        raise _fail("--once, --engine, --every-rollouts and --every-minutes train online: add --online")
+    _fit(config, flags, overrides, from_store)
+
+
+def _fit(config: Path | None, flags: dict[str, Any], overrides: list[str], from_store: str | None) -> None:
+    """``agl train`` without ``--online``: plan, save the config, ``Trainer.fit``, name the outputs."""
     try:
-        flags = {"algorithm": algorithm, "agent": agent, "train": train_file, "val": val_file}
         run = plan(merge(config, flags, overrides, from_store))
         offline = (
             run.algorithm_name == "sft" and getattr(run.algorithm_config, "from_store", None) is not None
@@ -540,3 +591,87 @@ def _show_and_save(run: Plan, trainer: Any) -> None:
     console.rule(f"agl train: resolved config, saved to {out / 'config.yaml'}")
     console.print(Syntax(text, "yaml", background_color="default"))
     console.rule()
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineFlags:
+    """``agl train``'s ``--online`` options."""
+
+    store: str | None
+    engine: str | None
+    engine_token: str | None
+    once: bool
+    every_rollouts: int | None
+    every_minutes: float | None
+    min_gain: float
+    max_version_lag: int
+
+
+def _plan_online(
+    config: Path | None, flags: dict[str, Any], overrides: list[str], options: OnlineFlags
+) -> tuple[Any, Any]:
+    """The GRPO config and the round's settings from the merged config and flags; problems name the flag."""
+    from agl.trainer.online import OnlineSettings
+
+    settings = merge(config, flags, overrides)
+    settings.setdefault("algorithm", "grpo")
+    if settings["algorithm"] != "grpo":
+        raise ConfigProblem(f"--online trains with GRPO, not {settings['algorithm']!r}: use --algorithm grpo")
+    if options.store is None:
+        raise ConfigProblem("--online needs --from-store URL: the store the gateway records production to")
+    if options.engine is None:
+        raise ConfigProblem("--online needs --engine URL: the serving engine that takes published versions")
+    if settings.get("train") is not None:
+        raise ConfigProblem("--online trains on production traffic: --train does not go with it")
+    run = plan(settings)
+    if run.val_path is None:
+        raise ConfigProblem("--online gates each version on held-out tasks: give --val FILE.jsonl")
+    output_dir = run.trainer_kwargs.get("output_dir")
+    if not output_dir:
+        raise ConfigProblem(
+            "--online keeps its versions and watermark in one folder: set trainer.output_dir "
+            "(e.g. --set trainer.output_dir=results/online)"
+        )
+    held_out = read_jsonl(Path(run.val_path), "--val")
+    online = OnlineSettings(
+        store=options.store,
+        engine=options.engine,
+        output_dir=Path(output_dir),
+        agent=_agent(run.agent_spec, False),
+        held_out=held_out,
+        engine_token=options.engine_token,
+        min_gain=options.min_gain,
+        max_version_lag=options.max_version_lag,
+        seed=run.algorithm_config.seed,
+        n_runners=run.trainer_kwargs.get("n_runners", 4),
+        serving=run.trainer_kwargs.get("serving"),
+    )
+    _show_and_save(run, types.SimpleNamespace(output_dir=str(output_dir)))
+    return run.algorithm_config, online
+
+
+def run_online(
+    config: Path | None, flags: dict[str, Any], overrides: list[str], options: OnlineFlags
+) -> None:
+    """One round (``--once``) or rounds on a schedule; each prints its decision."""
+    from agl.trainer.online import run_round, run_schedule
+
+    try:
+        grpo, settings = _plan_online(config, flags, overrides, options)
+        if options.once:
+            typer.echo(f"agl train: {run_round(grpo, settings).line()}")
+            return
+        run_schedule(
+            grpo,
+            settings,
+            every_rollouts=options.every_rollouts,
+            every_minutes=options.every_minutes,
+            report=lambda r: typer.echo(f"agl train: {r.line()}"),
+        )
+    except (ConfigProblem, ConfigError) as exc:
+        raise _fail(str(exc)) from None
+    except AglError as exc:
+        typer.secho(f"agl train: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None

@@ -160,11 +160,17 @@ class Clock:
 
 
 async def _finish(
-    store: SqliteLightningStore, clock: Clock, at: float, reward: float, agent: str | None, ok: bool = True
+    store: SqliteLightningStore,
+    clock: Clock,
+    at: float,
+    reward: float,
+    agent: str | None,
+    ok: bool = True,
+    mode: str = "train",
 ) -> str:
-    """A rollout that finished at ``at`` with one call (prompt 1 2 3, completion 7 8) and ``reward``."""
+    """A rollout of ``mode`` that finished at ``at`` with one call (prompt 1 2 3, completion 7 8) and ``reward``."""
     clock.now = at - 1
-    rollout = await store.enqueue_rollout({"q": at})
+    rollout = await store.enqueue_rollout({"q": at}, mode=mode)
     claimed = await store.dequeue("w")
     assert claimed is not None and claimed.rollout.rollout_id == rollout.rollout_id
     maker = SpanMaker(rollout.rollout_id, claimed.attempt.attempt_id)
@@ -201,6 +207,12 @@ def test_rollouts_are_chosen_by_reward_agent_and_finish_time(tmp_path: Path) -> 
             selection = await samples_from_store(store, min_reward=0.5, agent="nobody")
             assert selection.samples == [] and selection.counts["kept_rollouts"] == 3
             assert "0 with model calls of the chosen agent" in selection.explain("s.db")
+            # from_modes: only production traffic the gateway recorded (mode "online")
+            online = await _finish(store, clock, 7000, 1.0, None, mode="online")
+            assert online in await ids()
+            assert await ids(modes=("online",)) == {online}
+            assert await ids(modes=("online", "train"), since=4500) == {late, online}
+            assert await ids(modes=("val",)) == set()
 
     asyncio.run(main())
 
@@ -213,6 +225,12 @@ def test_bad_offline_settings_are_clear_errors(tmp_path: Path) -> None:
         SFTConfig(model_path=model, from_store="sqlite:///x.db", since=5, until=4)
     with pytest.raises(ConfigError, match="set from_store too"):
         SFTConfig(model_path=model, since=5)
+    with pytest.raises(ConfigError, match="from_modes selects rollouts already in a store"):
+        SFTConfig(model_path=model, from_modes=("online",))
+    with pytest.raises(ConfigError, match="from_modes must be a list of rollout modes"):
+        SFTConfig(model_path=model, from_store="sqlite:///x.db", from_modes="online")  # type: ignore[arg-type]
+    listed = SFTConfig(model_path=model, from_store="sqlite:///x.db", from_modes=["online"])  # type: ignore[arg-type]
+    assert listed.from_modes == ("online",)
     from agl.algorithm.sft import train_from_store
 
     missing = SFTConfig(model_path=model, from_store=f"sqlite:///{tmp_path / 'none.db'}", progress=False)

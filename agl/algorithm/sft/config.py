@@ -73,6 +73,9 @@ class SFTConfig:
     # offline: train `epochs` passes on succeeded rollouts already in this store (a URL for open_store, or a
     # LightningStore) instead of generating any; chosen by min_reward/top_k_per_task, agent and finish time
     from_store: str | LightningStore | None = None
+    # only rollouts of these modes, e.g. ("online",): the production conversations `agl gateway serve
+    # --record-unattributed` recorded; None: every mode but a teacher's
+    from_modes: tuple[str, ...] | None = None
     agent: str | None = None  # only this agent's calls (agl.agent_scope name, agent endpoint or span name)
     since: TimeBound = None  # finished at or after: Unix seconds, datetime or ISO 8601 (from_store only)
     until: TimeBound = None  # finished at or before
@@ -113,11 +116,25 @@ class SFTConfig:
             raise ConfigError(
                 "SFTConfig(teacher=...) runs the teacher on train tasks: it does not go with from_store"
             )
+        self._check_modes()
         since, until = parse_time(self.since, "since"), parse_time(self.until, "until")
         if since is not None and until is not None and since > until:
             raise ConfigError(f"since ({self.since!r}) is after until ({self.until!r}): no rollout can match")
         if (since is not None or until is not None) and self.from_store is None:
             raise ConfigError("since/until select rollouts already in a store: set from_store too")
+
+    def _check_modes(self) -> None:
+        """``from_modes``: a non-empty list of mode names (a YAML list becomes a tuple), with ``from_store``."""
+        modes = self.from_modes
+        if modes is None:
+            return
+        if isinstance(modes, str) or not all(isinstance(m, str) and m for m in modes) or not modes:
+            raise ConfigError(
+                f"SFTConfig.from_modes must be a list of rollout modes such as ['online'], got {modes!r}"
+            )
+        if self.from_store is None:
+            raise ConfigError("SFTConfig.from_modes selects rollouts already in a store: set from_store too")
+        object.__setattr__(self, "from_modes", tuple(modes))
 
 
 __all__ = ["SFTConfig", "TimeBound", "parse_time"]

@@ -9,6 +9,7 @@ selects; :class:`~agl.algorithm.sft.algorithm.SFT` trains on the selection.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,11 +49,12 @@ class Selection:
         """Why nothing was selected, filter by filter."""
         c = self.counts
         return (
-            f"no training data in {source}: {c.get('succeeded', 0):.0f} succeeded rollouts, "
+            f"no training data in {source}: {c.get('succeeded', 0):.0f} succeeded rollouts (of the "
+            "modes from_modes names, if any), "
             f"{c.get('in_time_range', 0):.0f} in the since/until range, "
             f"{c.get('kept_rollouts', 0):.0f} kept by min_reward/top_k_per_task, "
             f"{c.get('with_agent_calls', 0):.0f} with model calls of the chosen agent carrying token ids; "
-            "loosen SFTConfig(min_reward=..., agent=..., since=..., until=...)"
+            "loosen SFTConfig(min_reward=..., agent=..., since=..., until=..., from_modes=...)"
         )
 
 
@@ -60,16 +62,21 @@ def _finished_at(rollout: Rollout) -> float:
     return rollout.ended_at if rollout.ended_at is not None else rollout.updated_at
 
 
-async def _succeeded(store: LightningStore) -> list[Rollout]:
+async def _succeeded(store: LightningStore, modes: Sequence[str] | None = None) -> list[Rollout]:
+    """The succeeded rollouts of ``modes`` (None: of every mode but a teacher's)."""
     out: list[Rollout] = []
-    cursor = None
-    while True:
-        page = await store.query_rollouts(status=[RolloutStatus.SUCCEEDED], limit=PAGE, cursor=cursor)
-        # a teacher's rollouts carry another model's token ids: never the student's own samples
-        out += [r for r in page.items if not r.mode.startswith("teacher")]
-        cursor = page.next_cursor
-        if cursor is None:
-            return out
+    for mode in modes if modes is not None else [None]:
+        cursor = None
+        while True:
+            page = await store.query_rollouts(
+                status=[RolloutStatus.SUCCEEDED], mode=mode, limit=PAGE, cursor=cursor
+            )
+            # a teacher's rollouts carry another model's token ids: never the student's own samples
+            out += [r for r in page.items if modes is not None or not r.mode.startswith("teacher")]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    return out
 
 
 async def _reward_spans(store: LightningStore, rollout_id: str) -> list[Span]:
@@ -93,16 +100,18 @@ async def samples_from_store(
     agent: str | None = None,
     since: TimeBound = None,
     until: TimeBound = None,
+    modes: Sequence[str] | None = None,
 ) -> Selection:
     """Masked samples from the store's succeeded rollouts that pass every filter.
 
     Rollouts are chosen by finish time (``since <= ended_at <= until``), then by final reward
     (``min_reward``, ``top_k_per_task`` best per group or input, as :func:`select_rollouts`); only the
     chosen ones' spans are read in full. With ``agent``, only that agent's calls become samples and a
-    rollout without any is dropped. Calls recorded without token ids are skipped and counted.
+    rollout without any is dropped. Calls recorded without token ids are skipped and counted. With
+    ``modes`` only rollouts of those modes are read (``("online",)``: recorded production traffic).
     """
     lo, hi = parse_time(since, "since"), parse_time(until, "until")
-    rollouts = await _succeeded(store)
+    rollouts = await _succeeded(store, modes)
     in_range = [
         r for r in rollouts if (lo is None or _finished_at(r) >= lo) and (hi is None or _finished_at(r) <= hi)
     ]
@@ -144,6 +153,7 @@ async def load_selection(config: SFTConfig) -> Selection:
             agent=config.agent,
             since=config.since,
             until=config.until,
+            modes=config.from_modes,
         )
     finally:
         if owned:
