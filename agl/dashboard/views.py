@@ -203,6 +203,7 @@ def span_view(span: Span, depth: int = 0, recorded: frozenset[str] = frozenset()
     attributes = {k: _light(k, v) for k, v in span.attributes.items()}
     return {
         "span_id": span.span_id,
+        "rollout_id": span.rollout_id,
         "parent_id": span.parent_id,
         "name": span.name,
         "category": category,
