@@ -127,9 +127,10 @@ def test_a_call_replays_and_its_reply_shows_beside_the_recorded_one(page: Any, f
     page.goto(f"{filled.url}/ui/#/rollout/{filled.tool_rollout}")
     first = page.locator("#transcript .card.llm").first
     first.locator(".replay-toggle").click()
-    with OpenAIUpstream() as upstream:
+    with OpenAIUpstream(api_key="sk-typed") as upstream:
         upstream.script("the replayed reply, from the browser")
         first.locator(".replay-endpoint").fill(upstream.base_url)
+        first.locator(".replay-api-key").fill("sk-typed")
         first.locator(".replay-temperature").fill("0.7")
         first.locator(".replay-max-tokens").fill("32")
         first.locator(".replay-run").click()

@@ -5,6 +5,8 @@ SFT JSONL that ``WarmStart.from_jsonl`` reads back with its tools, or as ``agl e
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,3 +149,12 @@ def test_flagged_or_filtered_rollouts_export_as_eval_tasks(
 
 def _inputs(http: httpx.Client, rollout_ids: list[str]) -> list[Any]:
     return [http.get(f"/ui/api/rollouts/{r}").json()["rollout"]["input"] for r in rollout_ids]
+
+
+def test_the_export_path_imports_no_torch() -> None:
+    code = (
+        "import sys, agl.dashboard.app, agl.dashboard.export, agl.dashboard.replay; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # a request must not wait seconds on torch's import

@@ -81,6 +81,7 @@ function replayBox(sp) {
   const input = (name, attrs) => h("input", { name, class: "replay-" + name.replace("_", "-"), ...attrs });
   const endpoint = input("endpoint", { type: "text", size: 36, placeholder: "endpoint (default: the call's gateway)" });
   const model = input("model", { type: "text", placeholder: "model (default: " + (d.model || "as recorded") + ")" });
+  const key = input("api_key", { type: "password", size: 14, placeholder: "API key (optional)", autocomplete: "off" });
   const version = h("select", { name: "resources_id", class: "replay-version" }, h("option", { value: "" }, "policy: the rollout's own"));
   const temperature = input("temperature", { type: "number", step: "0.1", min: "0", max: "2", value: settings.temperature ?? "" });
   const maxTokens = input("max_tokens", { type: "number", min: "1", value: settings.max_tokens ?? settings.max_completion_tokens ?? "" });
@@ -92,7 +93,7 @@ function replayBox(sp) {
     try {
       const answer = await apiPost("replay", {
         rollout_id: sp.rollout_id, span_id: sp.span_id, endpoint: endpoint.value.trim() || undefined, model: model.value.trim() || undefined,
-        resources_id: version.value || undefined, temperature: number(temperature), max_tokens: number(maxTokens),
+        resources_id: version.value || undefined, api_key: key.value || undefined, temperature: number(temperature), max_tokens: number(maxTokens),
       });
       out.replaceChildren(replayPair(answer));
     } catch (err) {
@@ -101,7 +102,7 @@ function replayBox(sp) {
     run.disabled = false;
   } }, "Replay");
   const form = h("div", { class: "replay-form", hidden: true },
-    h("div", { class: "filters" }, endpoint, model, version, h("label", {}, "temperature ", temperature), h("label", {}, "max tokens ", maxTokens), run), out);
+    h("div", { class: "filters" }, endpoint, key, model, version, h("label", {}, "temperature ", temperature), h("label", {}, "max tokens ", maxTokens), run), out);
   let listed = false;
   const toggle = h("button", { class: "link-button replay-toggle", onclick: () => {
     form.hidden = !form.hidden;
