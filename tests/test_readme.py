@@ -73,6 +73,7 @@ NOT_PYTHON = {
     "agl.llm",
     "agl.judge",
     "agl.training",
+    "agl.flag",
 }  # span and metadata keys
 
 

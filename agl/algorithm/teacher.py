@@ -184,7 +184,8 @@ async def collect_traces(
     Raises:
         ConfigError: no teacher rollout passed the filters (nothing to train the student on).
     """
-    from agl.algorithm.sft.samples import request_tools, select_rollouts
+    from agl.algorithm.chat_jsonl import request_tools
+    from agl.algorithm.sft.samples import select_rollouts
 
     tasks = list(train)
     if teacher.max_tasks is not None and len(tasks) > teacher.max_tasks:
@@ -233,7 +234,7 @@ async def collect_traces(
 
 def export_traces(traces: TeacherTraces, path: str | Path) -> int:
     """Write the kept traces as OpenAI chat JSONL with the tools (``WarmStart.from_jsonl`` reads it)."""
-    from agl.algorithm.sft.samples import export_jsonl
+    from agl.algorithm.chat_jsonl import export_jsonl
 
     return export_jsonl(traces.conversations, path, tools=traces.tools)
 

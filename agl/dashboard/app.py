@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -30,9 +30,10 @@ from starlette.staticfiles import StaticFiles
 from agl import errors
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
-from agl.dashboard import changes, training, views
+from agl.dashboard import changes, export, inputs, replay, training, views
+from agl.dashboard.inputs import BadGateway, BadRequest
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
-from agl.store.read_model import ListedRollout, RolloutSearch, RolloutSort, StoreWithReadModel
+from agl.store.read_model import ListedRollout, RolloutSearch, StoreWithReadModel
 from agl.store.sqlite import SqliteLightningStore
 
 STATIC = Path(__file__).parent / "static"
@@ -49,17 +50,8 @@ GROUP_READ = 10_000
 ERRORS_TTL_S, ERROR_SCAN_PAGES = 5.0, 20
 #: first-attempt start times kept (about 100 bytes each)
 KNOWN_STARTS = 200_000
-SORTS = frozenset(get_args(RolloutSort))
 FINISHED = [RolloutStatus.SUCCEEDED, RolloutStatus.FAILED, RolloutStatus.CANCELLED]
 Handler = Callable[[Request], Awaitable[Any]]
-
-
-class BadRequest(Exception):
-    """A query parameter the API cannot use; answered 422 naming the parameter."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field, self.message = field, message
 
 
 def _error(status: int, type_name: str, message: str, field: str | None = None) -> JSONResponse:
@@ -86,17 +78,6 @@ def _int(request: Request, name: str, default: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise BadRequest(name, f"{name} must be between {low} and {high}, got {value}")
     return value
-
-
-def _statuses(request: Request) -> list[RolloutStatus] | None:
-    raw = request.query_params.get("status")
-    if not raw:
-        return None
-    known = {s.value: s for s in RolloutStatus}
-    unknown = [s for s in raw.split(",") if s not in known]
-    if unknown:
-        raise BadRequest("status", f"unknown status {unknown}; use any of {sorted(known)}, comma-separated")
-    return [known[s] for s in raw.split(",")]
 
 
 def _offset(raw: str | None) -> int:
@@ -226,9 +207,12 @@ def _api(handler: Handler, expected: bytes | None) -> Callable[[Request], Awaita
                     "missing or wrong bearer token; open the dashboard as /ui/?token=<token>",
                 )
         try:
-            return _json(await handler(request))
+            answer = await handler(request)
+            return answer if isinstance(answer, Response) else _json(answer)
         except BadRequest as exc:
             return _error(422, "ValidationError", exc.message, exc.field)
+        except BadGateway as exc:
+            return _error(502, "BadGateway", exc.message)
         except errors.NotFoundError as exc:
             return _error(404, type(exc).__name__, exc.message)
         except errors.StoreUnavailableError as exc:
@@ -271,24 +255,13 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
     async def rollouts(request: Request) -> dict[str, Any]:
         limit = _int(request, "limit", 50, 1, 1000)
         q = request.query_params
-        mode, group = q.get("mode") or None, q.get("group_id") or None
-        text, sort = (q.get("q") or "").strip(), q.get("sort") or "created"
-        resources_id, agent, error = (
-            q.get("resources_id") or None,
-            q.get("agent") or None,
-            q.get("error") or None,
-        )
-        if sort not in SORTS:
-            raise BadRequest("sort", f"sort must be one of {sorted(SORTS)}, got {sort!r}")
-        order = q.get("order") or "desc"
-        if order not in ("asc", "desc"):
-            raise BadRequest("order", f"order must be 'asc' or 'desc', got {order!r}")
-        statuses = _statuses(request)
-        if not (text or resources_id or agent or error or sort != "created" or order != "desc"):
-            page = await store.query_rollouts(  # the store pages: fast on any size
-                status=statuses,
-                mode=mode,
-                group_id=group,
+        search = export.rollout_search(request, limit=limit, offset=0)
+        plain = RolloutSearch(status=search.status, mode=search.mode, group_id=search.group_id, limit=limit)
+        if search == plain:  # no search, sort or flag: the store pages, fast on any size
+            page = await store.query_rollouts(
+                status=search.status,
+                mode=search.mode,
+                group_id=search.group_id,
                 order_by="created_at",
                 descending=True,
                 limit=limit,
@@ -303,21 +276,7 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
                 "next_cursor": page.next_cursor,
             }
         offset = _offset(q.get("cursor"))
-        found = await store.search_rollouts(
-            RolloutSearch(
-                text=text or None,
-                status=statuses,
-                mode=mode,
-                group_id=group,
-                resources_id=resources_id,
-                agent=agent,
-                error_type=error,
-                sort=sort,  # type: ignore[arg-type]  # one of SORTS, checked above
-                descending=order == "desc",
-                limit=limit,
-                offset=offset,
-            )
-        )
+        found = await store.search_rollouts(search.model_copy(update={"offset": offset}))
         starts = await ctx.first_starts([x.rollout for x in found.items])
         return {
             "items": [_view(x, starts.get(x.rollout.rollout_id)) for x in found.items],
@@ -355,15 +314,8 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
     async def span(request: Request) -> dict[str, Any]:
         """One span in full (token ids, request and response bodies), secrets hidden: the raw JSON view."""
         rollout_id, span_id = request.path_params["rollout_id"], request.path_params["span_id"]
-        await store.get_rollout(rollout_id)
-        cursor = None
-        while True:
-            page = await store.query_spans(rollout_id=rollout_id, limit=MAX_SPANS, cursor=cursor)
-            for found in page.items:
-                if found.span_id == span_id:
-                    return {"span": views.redact(found.model_dump(mode="json"))}
-            if (cursor := page.next_cursor) is None:
-                raise errors.NotFoundError(f"rollout {rollout_id!r} has no span {span_id!r}")
+        found = await replay.find_span(store, rollout_id, span_id, MAX_SPANS)
+        return {"span": views.redact(found.model_dump(mode="json"))}
 
     return {
         "/api/rollouts": rollouts,
@@ -513,6 +465,24 @@ def _changes_routes(ctx: _Context) -> dict[str, Handler]:
     return {"/api/changes": changed, "/api/rollouts/{rollout_id}/task": task}
 
 
+def _action_routes(ctx: _Context) -> tuple[dict[str, Handler], dict[str, Handler]]:
+    """What a person does from the page (GET routes, POST routes): flag rollouts, export them as a data
+    set, replay a model call."""
+    store = ctx.store
+
+    async def flag(request: Request) -> dict[str, Any]:
+        body = await inputs.json_body(request)
+        return await export.set_flag(store, request.path_params["rollout_id"], body)
+
+    async def download(request: Request) -> Response:
+        return await export.export(store, request, MAX_SPANS)
+
+    async def replay_call(request: Request) -> dict[str, Any]:
+        return await replay.replay(store, await inputs.json_body(request), MAX_SPANS)
+
+    return {"/api/export": download}, {"/api/rollouts/{rollout_id}/flag": flag, "/api/replay": replay_call}
+
+
 def _resources_routes(ctx: _Context) -> dict[str, Handler]:
     """Resources versions and their diffs, the reward curves, and the metrics.csv runs."""
     store = ctx.store
@@ -638,9 +608,11 @@ def create_dashboard(
         return RedirectResponse(f"{PREFIX}/{query}", status_code=307)
 
     async def unknown_api(request: Request) -> Response:
-        return _error(404, "NotFoundError", f"no dashboard API at {request.url.path}")
+        return _error(404, "NotFoundError", f"no dashboard API at {request.method} {request.url.path}")
 
+    gets, posts = _action_routes(ctx)
     handlers = {
+        **gets,
         **_summary_routes(ctx),
         **_rollout_routes(ctx),
         **_training_routes(ctx),
@@ -650,7 +622,8 @@ def create_dashboard(
     routes = [
         Route("/", index),
         *(Route(path, _api(handler, expected)) for path, handler in handlers.items()),
-        Route("/api/{rest:path}", unknown_api),
+        *(Route(path, _api(handler, expected), methods=["POST"]) for path, handler in posts.items()),
+        Route("/api/{rest:path}", unknown_api, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
     return Starlette(routes=[Route(PREFIX, to_index), Mount(PREFIX, routes=routes)])

@@ -77,7 +77,8 @@ def tool_calls_of(calls: Iterable[Any] | None) -> list[dict[str, Any]]:
     return out
 
 
-def _message(message: dict[str, Any]) -> dict[str, Any]:
+def message_view(message: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as the page shows it: role, content as text, tool calls, the tool a result answers."""
     view = {"role": message.get("role", "?"), "content": text_of(message.get("content"))}
     if message.get("tool_calls"):
         view["tool_calls"] = tool_calls_of(message["tool_calls"])
@@ -130,11 +131,11 @@ def _detail(span: Span) -> tuple[str, dict[str, Any]]:
     call = LLMCall.from_span(span)
     if call is not None:
         messages = _name_tool_results(
-            [_message(m) for m in call.request_messages or [] if isinstance(m, dict)]
+            [message_view(m) for m in call.request_messages or [] if isinstance(m, dict)]
         )
         if not messages and call.prompt is not None:
             messages = [{"role": "prompt", "content": call.prompt}]
-        response = _message(call.response_message) if call.response_message else None
+        response = message_view(call.response_message) if call.response_message else None
         tool_calls = tool_calls_of(call.tool_calls) or (response or {}).get("tool_calls", [])
         settings = request_settings(a.get(sc.LLM_REQUEST))
         return "llm", {
@@ -202,6 +203,7 @@ def span_view(span: Span, depth: int = 0, recorded: frozenset[str] = frozenset()
     attributes = {k: _light(k, v) for k, v in span.attributes.items()}
     return {
         "span_id": span.span_id,
+        "rollout_id": span.rollout_id,
         "parent_id": span.parent_id,
         "name": span.name,
         "category": category,

@@ -284,3 +284,36 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trained]:
     app = mount_dashboard(create_app(inner), inner, metrics_dir=root / "runs")
     with BackgroundServer(app) as server:
         yield Trained(url=server.url, out=root / "runs" / "lr-1e-3", history=first["history"])
+
+
+# ----- the browser the page tests drive ---------------------------------------------------------
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parents[2] / "results" / "dashboard"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail(
+            "playwright is not installed: run `.venv/bin/pip install 'playwright>=1.40'` (no `playwright install`)"
+        )
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"{CHROMIUM} is missing: run `apt-get update && apt-get install -y chromium chromium-driver` as root"
+        )
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield launched
+        launched.close()

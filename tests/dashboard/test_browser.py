@@ -11,7 +11,6 @@ import json
 import re
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,38 +18,7 @@ import pytest
 
 from agl import semconv as sc
 from agl.schemas import Span
-from tests.dashboard.conftest import TOKEN, Filled, Trained
-
-CHROMIUM = Path("/usr/bin/chromium")
-SHOTS = Path(__file__).resolve().parents[2] / "results" / "dashboard"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail(
-            "playwright is not installed: run `.venv/bin/pip install 'playwright>=1.40'` (no `playwright install`)"
-        )
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: run `apt-get update && apt-get install -y chromium chromium-driver` as root"
-        )
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        yield launched
-        launched.close()
+from tests.dashboard.conftest import SHOTS, TOKEN, Filled, Trained
 
 
 @pytest.fixture(scope="module")
@@ -661,7 +629,7 @@ def test_a_rollout_page_of_a_real_run_durations_agents_and_untrained_samples(
     header = page.locator(".sample .title").first.inner_text()
     assert "trained on" not in header and "(not trained)" in header
     page.goto(f"{trained.url}/ui/#/rollouts")
-    cell = page.locator(f"tr[data-rollout='{rollout_id}'] td:nth-child(9)")
+    cell = page.locator(f"tr[data-rollout='{rollout_id}'] td.duration")
     if cell.count():  # on the first page: the list shows the same duration
         assert _seconds(cell.inner_text()) == pytest.approx(seconds, abs=0.01)
 

@@ -20,10 +20,8 @@ from agl.schemas import AttemptStatus, ModelWeights, RolloutCreate
 from agl.store import SqliteLightningStore
 from agl.store.server import create_app
 from tests.adapter.spans import SpanMaker
-from tests.dashboard import test_browser
+from tests.dashboard.conftest import SHOTS
 
-browser = test_browser.browser  # the module-scoped Chromium, launched for this module too
-SHOTS = test_browser.SHOTS
 TOOL = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
 # task -> (reward, reply) at v1 and at v2: "sum" learned, "capital" got worse, "spell" did not move
 RUNS = {
@@ -129,7 +127,9 @@ def test_the_page_lists_what_changed_and_opens_one_task_across_versions(
         assert page.locator("#changes-before").input_value() == ids["v1"]
         page.screenshot(path=SHOTS / "what-changed.png", full_page=True)
         page.select_option("#changes-before", ids["v2"])  # one version against itself: nothing changed
-        page.wait_for_function("document.querySelector('#changes-summary').innerText.startsWith('0 tasks')")
+        page.wait_for_function(
+            "(document.querySelector('#changes-summary')?.innerText || '').startsWith('0 tasks')"
+        )  # redrawn: absent a moment
         page.select_option("#changes-after", ids["v1"])  # the same pair backwards: the signs flip
         page.locator("#changes-table tbody tr.down td.delta", has_text="-1.000").wait_for()
         page.locator("#changes-table tbody tr.down a").first.click()

@@ -51,7 +51,7 @@ class WarmStart:
         Raises:
             ConfigError: the file holds no conversation, a malformed line, or lines with other tools.
         """
-        from agl.algorithm.sft.samples import import_jsonl
+        from agl.algorithm.chat_jsonl import import_jsonl
 
         if "conversations" in schedule or "tools" in schedule:
             raise ConfigError("WarmStart.from_jsonl reads conversations and tools from the file")

@@ -1,17 +1,17 @@
 """SFT data: select good rollouts, build token-level samples (engine ids from spans, or chat-template
-rendering when ids are absent), and export and import conversations as OpenAI fine-tuning JSONL."""
+rendering when ids are absent); the OpenAI chat JSONL writer and reader live in :mod:`agl.algorithm.chat_jsonl`."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from agl import semconv as sc
 from agl.adapter import Sample, filter_calls, final_reward, llm_calls, to_messages, to_samples
-from agl.errors import ConfigError
+from agl.algorithm.chat_jsonl import export_jsonl as export_jsonl
+from agl.algorithm.chat_jsonl import import_jsonl as import_jsonl
+from agl.algorithm.chat_jsonl import request_tools as request_tools
 from agl.schemas import Rollout, RolloutStatus, Span
 
 
@@ -114,68 +114,6 @@ def samples_from_messages(
                 )
             )
     return out
-
-
-def export_jsonl(
-    conversations: Sequence[list[dict[str, Any]]],
-    path: str | Path,
-    *,
-    tools: Sequence[list[dict[str, Any]] | None] | None = None,
-) -> int:
-    """Write OpenAI fine-tuning JSONL (``{"messages": [...], "tools": [...]}`` per line, tool calls kept;
-    ``tools[i]`` is conversation i's declared tools, left out where None); returns lines written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    declared = list(tools) if tools is not None else [None] * len(conversations)
-    if len(declared) != len(conversations):
-        raise ValueError(
-            f"export_jsonl got {len(conversations)} conversations but {len(declared)} tool lists"
-        )
-    with path.open("w") as f:
-        for messages, its_tools in zip(conversations, declared, strict=True):
-            row: dict[str, Any] = {"messages": messages}
-            if its_tools:
-                row["tools"] = its_tools
-            f.write(json.dumps(row) + "\n")
-    return len(conversations)
-
-
-def import_jsonl(path: str | Path) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]] | None]:
-    """Conversations and tools from OpenAI chat JSONL as :func:`export_jsonl` writes it (``{"messages": [...], "tools": [...]}`` lines).
-
-    Raises:
-        ConfigError: a line is no such object, or lines declare different tools.
-    """
-    conversations: list[list[dict[str, Any]]] = []
-    tools: list[dict[str, Any]] | None = None
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{n} is not JSON: {e}") from None
-        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-            raise ConfigError(f'{path}:{n} must be an object with "messages": [...] (OpenAI chat format)')
-        conversations.append(row["messages"])
-        line_tools = row.get("tools") or None
-        if line_tools is not None:
-            if tools is not None and line_tools != tools:
-                raise ConfigError(
-                    f"{path}:{n} declares other tools than the lines before: a WarmStart renders one tool set"
-                )
-            tools = line_tools
-    return conversations, tools
-
-
-def request_tools(spans: Sequence[Span]) -> list[dict[str, Any]] | None:
-    """The tools the agent declared in its last model call (the recorded request's ``tools``)."""
-    calls = llm_calls(list(spans))
-    for call in reversed(calls):
-        request = call.attributes.get(sc.LLM_REQUEST)
-        if isinstance(request, dict) and request.get("tools"):
-            return list(request["tools"])
-    return None
 
 
 def tools_from_spans(

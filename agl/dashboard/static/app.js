@@ -159,7 +159,7 @@ function askToken(message) {
 function rolloutsView(params) {
   const statuses = new Set((params.get("status") || "").split(",").filter(Boolean));
   const f = {};
-  for (const k of ["mode", "q", "sort", "order", "resources_id", "group_id", "agent", "error"]) f[k] = params.get(k) || "";
+  for (const k of ["mode", "q", "sort", "order", "resources_id", "group_id", "agent", "error", "flagged"]) f[k] = params.get(k) || "";
   const cursors = [null]; // cursors of the pages seen, for "newer"
   let page = 0;
   let next = null;
@@ -202,9 +202,11 @@ function rolloutsView(params) {
       h("span", { class: "mute" }, " resources:"), versionSelect),
     h("div", { class: "filters" }, h("span", { class: "mute" }, "status:"), chips,
       statuses.size ? h("button", { class: "chip", onclick: () => { statuses.clear(); go({}); } }, "clear") : null,
-      text("group", "group_id", "group id"), text("agent", "agent", "agent name"), h("span", { class: "mute" }, " error:"), errorSelect),
+      text("group", "group_id", "group id"), text("agent", "agent", "agent name"), h("span", { class: "mute" }, " error:"), errorSelect,
+      h("button", { class: "chip" + (f.flagged ? " on" : ""), id: "flagged-only", onclick: () => go({ flagged: f.flagged ? "" : "1" }) }, "★ flagged only")),
+    exportBar(() => query({})),
     h("table", { id: "rollouts" },
-      h("thead", {}, h("tr", {}, ["rollout", "status", "mode", "reward", "agent", "attempts", "resources", "created", "duration", "input"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["", "rollout", "status", "mode", "reward", "agent", "attempts", "resources", "created", "duration", "input"].map((c) => h("th", {}, c)))),
       body),
     h("div", { class: "pager" }, newer, older, pageLabel));
   return {
@@ -217,12 +219,12 @@ function rolloutsView(params) {
       body.replaceChildren(...data.items.map((r) => h("tr", {
         class: "link", "data-rollout": r.rollout_id, onclick: () => { location.hash = "#/rollout/" + encodeURIComponent(r.rollout_id); },
       },
-        h("td", { class: "mono" }, r.rollout_id), h("td", {}, badge(r.status)), h("td", {}, r.mode),
+        h("td", {}, flagButton(r)), h("td", { class: "mono" }, r.rollout_id), h("td", {}, badge(r.status)), h("td", {}, r.mode),
         h("td", { class: "reward" }, fmtReward(r.reward)), h("td", { class: "agent" }, r.agent || "–"), h("td", {}, r.num_attempts),
         h("td", { class: "mono resources" }, idText(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
-        h("td", { class: "nowrap" }, fmtDur(r.duration_s)),
+        h("td", { class: "nowrap duration" }, fmtDur(r.duration_s)),
         h("td", { class: "mono mute" }, preview(r.input)))));
-      if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 10, class: "empty" }, "No rollouts match.")));
+      if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 11, class: "empty" }, "No rollouts match.")));
     },
   };
 }
@@ -278,7 +280,7 @@ function rolloutView(rolloutId, params) {
       const select = (id) => { selected = id; flash(id); showSpan(detail, rolloutId, byId[id]); };
       drawn = { byId, select };
       fill(view, 
-        h("h2", {}, h("a", { href: "#/rollouts" }, "Rollouts"), " / ", h("span", { class: "mono" }, r.rollout_id), " ", badge(r.status)),
+        h("h2", {}, h("a", { href: "#/rollouts" }, "Rollouts"), " / ", h("span", { class: "mono" }, r.rollout_id), " ", badge(r.status), " ", flagButton(r)),
         h("div", { class: "panel kv" },
           h("span", {}, "reward"), h("span", { class: "reward", id: "rollout-reward" }, fmtReward(r.reward)),
           h("span", {}, "mode"), h("span", {}, r.mode),
@@ -476,7 +478,8 @@ function card(sp, known, inPanel) {
       fresh.map(message),
       d.response ? message(d.response) : (!d.error && !d.tool_calls.length ? message({ role: "assistant", content: "" }) : null),
       !d.response && d.tool_calls.length ? d.tool_calls.map(toolCall) : null,
-      d.error ? h("pre", { class: "mute" }, "error: " + preview(d.error, 400)) : null];
+      d.error ? h("pre", { class: "mute" }, "error: " + preview(d.error, 400)) : null,
+      sp.category === "llm" && !inPanel ? replayBox(sp) : null];
   } else if (sp.category === "reward") {
     const values = Object.entries(d.values || {});
     const extra = values.length > 1 ? values.map(([k, v]) => `${k}=${fmtReward(v)}`).join("  ") : "";
