@@ -230,7 +230,7 @@ def test_the_span_detail_panel_shows_every_attribute_raw_json_and_copies_it(
     context.grant_permissions(["clipboard-read", "clipboard-write"])
     page = context.new_page()
     page.goto(f"{filled.url}/ui/?token={TOKEN}#/rollout/{filled.tool_rollout}")
-    page.locator("#trace tr", has_text="agl.llm.call").first.click()
+    page.locator("#trace tr", has_text="(client + gateway)").first.click()
     panel = page.locator("#span-detail")
     panel.wait_for()
     attrs = panel.locator("#span-attrs").inner_text()
