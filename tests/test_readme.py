@@ -67,7 +67,13 @@ _DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(\w+)\s*:\s*(.*?)\s*-->", re.S)
 _MIRRORED = ("agl", "examples", "benchmarks", "scripts", ".venv", "Makefile")
 _COPIED = ("pyproject.toml", "README.md")
 # inline code that names span attributes or span names, not Python objects
-NOT_PYTHON = {"agl.rollout_id", "agl.attempt_id", "agl.llm", "agl.judge", "agl.training"}  # span and metadata keys
+NOT_PYTHON = {
+    "agl.rollout_id",
+    "agl.attempt_id",
+    "agl.llm",
+    "agl.judge",
+    "agl.training",
+}  # span and metadata keys
 
 
 @dataclass
