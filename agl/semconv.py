@@ -28,6 +28,9 @@ LLM_REQUEST_MESSAGES = "agl.llm.request.messages"  # list of OpenAI chat message
 LLM_PROMPT = "agl.llm.prompt"  # text prompt of a completions call
 LLM_RESPONSE_MESSAGE = "agl.llm.response.message"  # {"role", "content", "tool_calls"}
 LLM_TOOL_CALLS = "agl.llm.response.tool_calls"
+# a reasoning model's thinking (the ``<think>`` block's text), as the engine split it off into
+# ``message.reasoning_content`` (vLLM: ``reasoning_content`` or ``reasoning``); absent when there was none
+LLM_REASONING = "agl.llm.response.reasoning"
 LLM_MODEL = "agl.llm.model"
 LLM_BACKEND = "agl.llm.backend"
 LLM_MODEL_VERSION = "agl.llm.model_version"

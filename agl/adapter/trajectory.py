@@ -147,6 +147,8 @@ def classify_mismatch(previous: LLMCall, prompt_ids: Sequence[int]) -> str:
     old_prompt = _prompt(previous)
     if list(prompt_ids[: len(old_prompt)]) != old_prompt:
         return "template_change"
+    if previous.reasoning or "</think>" in str((previous.response_message or {}).get("content") or ""):
+        return "thinking_stripped"  # the template re-rendered that reply without its <think> block (Qwen3)
     if len(prompt_ids) >= len(old_prompt) + len(_response(previous)):
         return "retokenization"
     return "other"

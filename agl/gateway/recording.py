@@ -137,6 +137,14 @@ def _embeddings_view(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _reasoning(message: dict[str, Any]) -> str | None:
+    """A chat message's thinking: ``reasoning_content`` (agl's engine, vLLM) or ``reasoning`` (newer vLLM)."""
+    for key in ("reasoning_content", "reasoning"):
+        if isinstance(message.get(key), str) and message[key]:
+            return str(message[key])
+    return None
+
+
 def _response_view(api: str, body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if api == "embeddings":
@@ -172,6 +180,9 @@ def _response_view(api: str, body: dict[str, Any]) -> dict[str, Any]:
         message = dict(choice.get("message") or {})
         message["tool_calls"] = list(message.get("tool_calls") or [])
         out[sc.LLM_RESPONSE_MESSAGE] = {k: message.get(k) for k in ("role", "content", "tool_calls")}
+        reasoning = _reasoning(message)
+        if reasoning is not None:  # kept on the message too, so a replayed turn carries its thinking
+            out[sc.LLM_RESPONSE_MESSAGE]["reasoning_content"] = out[sc.LLM_REASONING] = reasoning
         out[sc.LLM_TOOL_CALLS] = message["tool_calls"]
         out[sc.LLM_FINISH_REASON] = choice.get("finish_reason")
     out.update(_tokens(api, body, body if api == "responses" else choice))  # Responses: ids at the top

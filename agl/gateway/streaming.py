@@ -34,6 +34,7 @@ class _Choice:
     def __init__(self) -> None:
         self.role = "assistant"
         self.text: list[str] = []
+        self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.token_ids: list[int] | None = None
@@ -47,6 +48,9 @@ class _Choice:
             self.role = delta.get("role") or self.role
             if delta.get("content"):
                 self.text.append(str(delta["content"]))
+            for key in ("reasoning_content", "reasoning"):  # agl's engine and vLLM; newer vLLM: reasoning
+                if isinstance(delta.get(key), str):
+                    self.reasoning.append(delta[key])
             for call in delta.get("tool_calls") or []:
                 self._add_tool_call(call)
         elif choice.get("text"):
@@ -110,6 +114,8 @@ def assemble(raw: Iterable[bytes], api: str) -> dict[str, Any]:
                 "content": "".join(c.text) or None,
                 "tool_calls": calls or None,
             }
+            if c.reasoning:
+                item["message"]["reasoning_content"] = "".join(c.reasoning)
             if c.logprobs is not None:
                 item["logprobs"] = {"content": c.logprobs}
         if c.token_ids is not None:

@@ -62,6 +62,12 @@ def parse_request(api: str, raw: bytes) -> dict[str, Any]:
         raise _bad(f"'n' must be a positive integer, got {n!r}", "n")
     if api == "chat.completions":
         _check_messages(body.get("messages"))
+        kwargs = body.get("chat_template_kwargs")  # forwarded as is (e.g. {"enable_thinking": false})
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise _bad(
+                f"'chat_template_kwargs' must be an object such as {{\"enable_thinking\": false}}, got {kwargs!r:.80}",
+                "chat_template_kwargs",
+            )
     elif api == "completions":
         prompt = body.get("prompt")
         if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):

@@ -1,7 +1,9 @@
 """A tiny random Qwen2 causal LM with a locally trained byte-level BPE tokenizer, for fast tests.
 
 The tokenizer knows digits, arithmetic, chat words and ``<tool_call>`` markup; the chat template is ChatML
-with tools and tool-call / tool-result messages. Everything is deterministic by seed and built in seconds.
+with tools and tool-call / tool-result messages. ``thinking=True`` builds a reasoning-model variant: ``<think>``
+and ``</think>`` are single (non-special) tokens and the chat template is Qwen3's real one. Everything is
+deterministic by seed and built in seconds.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from pathlib import Path
 
 from agl.models.cache import build_once, cache_root
 from agl.models.chatml import CHAT_TEMPLATE
+from agl.models.qwen3 import QWEN3_CHAT_TEMPLATE
 
 logger = logging.getLogger(__name__)
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _WORDS = [
     "the",
     "a",
@@ -115,8 +119,8 @@ def _corpus(seed: int, lines: int = 3000) -> list[str]:
     return out
 
 
-def _build_tokenizer(seed: int, vocab_size: int) -> object:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def _build_tokenizer(seed: int, vocab_size: int, thinking: bool = False) -> object:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -129,18 +133,20 @@ def _build_tokenizer(seed: int, vocab_size: int) -> object:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    if thinking:  # as in Qwen3: whole tokens, yet not special, so decoded text keeps them
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (THINK_OPEN, THINK_CLOSE)])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token=IM_END, pad_token=PAD, unk_token=None
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = QWEN3_CHAT_TEMPLATE if thinking else CHAT_TEMPLATE
     return fast
 
 
-def _build(out: Path, seed: int, vocab_size: int) -> None:
+def _build(out: Path, seed: int, vocab_size: int, thinking: bool = False) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = _build_tokenizer(seed, vocab_size)
+    tokenizer = _build_tokenizer(seed, vocab_size, thinking)
     tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
     eos_id = tokenizer.convert_tokens_to_ids(IM_END)  # type: ignore[attr-defined]
     pad_id = tokenizer.convert_tokens_to_ids(PAD)  # type: ignore[attr-defined]
@@ -165,11 +171,14 @@ def _build(out: Path, seed: int, vocab_size: int) -> None:
     logger.info("built tiny model (seed %d) in %s", seed, out)
 
 
-def tiny_model(seed: int = 0, cache_dir: str | Path | None = None, vocab_size: int = 1024) -> Path:
+def tiny_model(
+    seed: int = 0, cache_dir: str | Path | None = None, vocab_size: int = 1024, *, thinking: bool = False
+) -> Path:
     """Path of the tiny model for ``seed``, building it (a few seconds) unless already cached.
 
+    ``thinking``: the reasoning variant (``<think>``/``</think>`` tokens, Qwen3's chat template).
     Loads with ``AutoModelForCausalLM.from_pretrained(path)`` and ``AutoTokenizer.from_pretrained(path)``.
     """
-    suffix = "" if vocab_size == 1024 else f"-v{vocab_size}"
+    suffix = ("" if vocab_size == 1024 else f"-v{vocab_size}") + ("-think" if thinking else "")
     target = cache_root(cache_dir) / f"tiny-s{seed}{suffix}"
-    return build_once(target, lambda out: _build(out, seed, vocab_size))
+    return build_once(target, lambda out: _build(out, seed, vocab_size, thinking))

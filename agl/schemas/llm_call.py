@@ -37,6 +37,9 @@ class LLMCall:
     agent_name: str | None
     source: str
     error: str | None = None
+    #: the thinking the engine split off the completion (``reasoning_content``); its tokens stay in
+    #: ``completion_token_ids``
+    reasoning: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -74,5 +77,6 @@ class LLMCall:
             agent_name=a.get(sc.AGENT_NAME),
             source=str(a.get(sc.LLM_SOURCE, "gateway")),
             error=a.get(sc.LLM_ERROR),
+            reasoning=a.get(sc.LLM_REASONING),
             attributes=a,
         )

@@ -70,3 +70,28 @@ def test_loads_with_auto_classes_and_renders_tools(tmp_path: Path) -> None:
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits
     assert logits.shape == (1, len(ids), len(tok))
+
+
+def test_thinking_variant_has_think_tokens_and_qwen3s_template(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from agl.models.qwen3 import QWEN3_CHAT_TEMPLATE
+
+    path = tiny_model(cache_dir=tmp_path, thinking=True)
+    assert path.name == "tiny-s0-think"
+    tok: Any = AutoTokenizer.from_pretrained(path)
+    assert tok.chat_template == QWEN3_CHAT_TEMPLATE
+    open_id, close_id = tok.convert_tokens_to_ids(["<think>", "</think>"])
+    assert tok("<think>x</think>", add_special_tokens=False)["input_ids"][0] == open_id
+    assert tok.decode([open_id, close_id], skip_special_tokens=True) == "<think></think>"  # kept in text
+    question = [{"role": "user", "content": "hi"}]
+    on = tok.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+    off = tok.apply_chat_template(question, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    assert on == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert off == on + "<think>\n\n</think>\n\n"
+    # Qwen3 drops an earlier turn's thinking, and keeps it on a turn after the last user query
+    turn = {"role": "assistant", "content": "yes", "reasoning_content": "why"}
+    earlier = tok.apply_chat_template([*question, turn, {"role": "user", "content": "ok"}], tokenize=False)
+    latest = tok.apply_chat_template([*question, turn], tokenize=False)
+    assert "<think>" not in earlier and "<|im_start|>assistant\nyes<|im_end|>" in earlier
+    assert latest.endswith("<|im_start|>assistant\n<think>\nwhy\n</think>\n\nyes<|im_end|>\n")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agl.adapter.behaviour import step_behaviour
+from agl.adapter.thinking import think_token_ids
 from agl.algorithm.base import Algorithm, Evaluation, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_trained
 from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog
@@ -104,6 +105,20 @@ class GRPO(Algorithm):
             ),
             cfg.loss,
         )
+
+    def _resolve_thinking(self) -> None:
+        """``train_thinking=False``: the ids of ``<think>``/``</think>`` from the policy's tokenizer, unless given."""
+        cfg = self.config
+        if cfg.train_thinking or cfg.think_token_ids is not None:
+            return
+        ids = think_token_ids(self.policy.tokenizer)
+        if ids is None:
+            raise ConfigError(
+                f"GRPOConfig(train_thinking=False): the tokenizer of {cfg.model_path} has no single-token "
+                "<think> and </think>, so its thinking cannot be found in token ids; set think_token_ids="
+                "(open_id, close_id) for other tags, or train_thinking=True"
+            )
+        self.config = dataclasses.replace(cfg, think_token_ids=ids)
 
     async def _publish(self, ctx: TrainingContext, policy: Any = None) -> str:
         """Push ``policy`` (None: no new weights) to the engines and publish them; returns the resources id."""
@@ -198,6 +213,7 @@ class GRPO(Algorithm):
             first_step = await self._resume(ctx, checkpoint)
         elif self.policy is None:
             self.policy = await run_compute(self._make_policy)
+        self._resolve_thinking()
         metrics = MetricsLogger(out, total_steps=cfg.steps, resume=checkpoint is not None)
         resources_id = await self._publish(ctx, None if checkpoint is None else self.policy)
         phases: dict[str, float] = {}

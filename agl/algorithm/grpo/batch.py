@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 
 from agl.adapter import MergeReport, Sample, call_rewards, final_reward, llm_calls, to_samples
 from agl.adapter.calls import call_agents, filter_calls
+from agl.adapter.thinking import mask_thinking
 from agl.algorithm.grpo.advantages import group_advantages
+from agl.errors import ConfigError
 from agl.schemas import LLMCall, Rollout, RolloutStatus, Span
 
 if TYPE_CHECKING:
@@ -69,6 +71,24 @@ def _agent_units(
         report.add(rep)
         units.append(_Unit(n, (scope, agent), made, reward))
     return units
+
+
+def _mask_thinking(units: list[_Unit], config: GRPOConfig) -> int:
+    """With ``train_thinking=False``, every sample's thinking out of its loss mask; the tokens masked."""
+    if config.train_thinking:
+        return 0
+    if config.think_token_ids is None:
+        raise ConfigError(
+            "GRPOConfig(train_thinking=False) needs the ids of <think> and </think>: GRPO reads them from the "
+            "policy's tokenizer when it loads; when building batches yourself set GRPOConfig.think_token_ids"
+        )
+    open_id, close_id = config.think_token_ids
+    total = 0
+    for unit in units:
+        for i, sample in enumerate(unit.samples):
+            unit.samples[i], masked = mask_thinking(sample, open_id, close_id)
+            total += masked
+    return total
 
 
 def _advantages(values: list[float], keys: list[str], config: GRPOConfig) -> list[float]:
@@ -149,6 +169,7 @@ def build_batch(
         rid = r.rollout_id
         per_call[n] = call_rewards(spans[rid])
         units += _agent_units(rid, n, r.group_id or rid, rewards[rid], spans[rid], config, report)
+    thinking_masked = _mask_thinking(units, config)
     if config.credit == "per_call":
         flat = _per_call_credit(units, per_call, config)
         unit_adv = [0.0] * len(units)
@@ -213,6 +234,8 @@ def build_batch(
         # merged after all: the prompt re-rendered the previous reply (a parsed tool call templated anew)
         "mismatch_reconciled": float(report.reconciled_calls),
     }
+    if not config.train_thinking:
+        metrics["thinking_tokens_masked"] = float(thinking_masked)
     trained = {s.rollout_id for s in samples}
     reasons = {rid: why for rid, why in reasons.items() if rid not in trained}
     return StepBatch(samples, advs, index, metrics, reasons, would)

@@ -109,6 +109,11 @@ class GRPOConfig:
     # rollouts ran (None: twice the step's tasks_per_step * group_size); synchronous runs only (grpo/refill.py)
     refill: bool = False
     refill_max_rollouts: int | None = None
+    # reasoning models: False takes each completion's thinking (<think> through </think>, both included) out
+    # of the loss; only the answer trains. The tags' ids come from the policy's tokenizer when GRPO loads it,
+    # unless think_token_ids gives them as (open_id, close_id) (agl/adapter/thinking.py)
+    train_thinking: bool = True
+    think_token_ids: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         check_settings(self.micro_batch_tokens, self.memory_budget_gb)
@@ -163,6 +168,7 @@ class GRPOConfig:
             )
         self._check_refill()
         self._check_teacher()
+        self._check_thinking()
         if self.kl_coef > 0 and self.loss.kl_coef == 0:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
 
@@ -190,6 +196,24 @@ class GRPOConfig:
             raise ConfigError(
                 f"GRPOConfig.distill_coef must be > 0 with a teacher, got {self.distill_coef!r}"
             )
+
+    def _check_thinking(self) -> None:
+        if not isinstance(self.train_thinking, bool):
+            raise ConfigError(f"GRPOConfig.train_thinking must be True or False, got {self.train_thinking!r}")
+        ids = self.think_token_ids
+        if ids is None:
+            return
+        if (
+            not isinstance(ids, tuple | list)
+            or len(ids) != 2
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+            or ids[0] == ids[1]
+        ):
+            raise ConfigError(
+                "GRPOConfig.think_token_ids must be (open_id, close_id), two different token ids of "
+                f"<think> and </think>, or None to read them from the tokenizer; got {ids!r}"
+            )
+        object.__setattr__(self, "think_token_ids", (int(ids[0]), int(ids[1])))
 
     def _check_refill(self) -> None:
         cap = self.refill_max_rollouts

@@ -25,6 +25,7 @@ from agl.engines.builtin.lean_decode import lean_decode_step
 from agl.engines.builtin.matmul import use_weight_major_decode
 from agl.engines.builtin.prefix_cache import PrefixCache
 from agl.engines.builtin.prompts import render_chat
+from agl.engines.builtin.reasoning import reasoning_tags
 from agl.engines.builtin.sampling import SamplingParams, make_generator
 from agl.engines.builtin.tools import parse_tool_calls
 from agl.engines.builtin.weights import is_lora_dir, load_full, merge_lora, read_state_dict
@@ -132,6 +133,8 @@ class Engine:
         self.path = path
         self.model_name = model_name or path.name
         self.tokenizer: Any = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        # a thinking model's <think>/</think> ids: chat replies then split the thinking off (.reasoning)
+        self.reasoning_tags = reasoning_tags(self.tokenizer)
         self.model: Any = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
         self.model.to(device)  # type: ignore[arg-type]
         self.model.eval()
@@ -202,10 +205,14 @@ class Engine:
 
     # ----- prompts -------------------------------------------------------------------------------
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Token ids of ``messages`` (and ``tools``) rendered with the model's chat template."""
-        return render_chat(self.tokenizer, messages, tools)
+        """Token ids of ``messages`` (and ``tools``) rendered with the model's chat template, which gets
+        ``template_kwargs`` too (a request's ``chat_template_kwargs``)."""
+        return render_chat(self.tokenizer, messages, tools, template_kwargs)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         """Token ids of a text prompt (no special tokens added), or the ids themselves after a range check."""

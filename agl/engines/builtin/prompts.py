@@ -84,11 +84,18 @@ def _fold_tool_calls(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
+#: arguments render_chat_text sets itself: a request's chat_template_kwargs may not override them
+_RESERVED_KWARGS = frozenset({"conversation", "messages", "tools", "tokenize", "add_generation_prompt"})
+
+
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     """Prompt token ids for ``messages`` with the generation prompt appended."""
-    text = render_chat_text(tokenizer, messages, tools)
+    text = render_chat_text(tokenizer, messages, tools, template_kwargs=template_kwargs)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -97,15 +104,23 @@ def render_chat_text(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> str:
-    """``messages`` rendered by the chat template, tools in the template's own format where it has one."""
+    """``messages`` rendered by the chat template, tools in the template's own format where it has one;
+    ``template_kwargs`` (a request's ``chat_template_kwargs``, e.g. ``enable_thinking``) reach the template."""
     if not messages:
         raise InvalidRequestError("messages must hold at least one message", param="messages")
+    clash = sorted(_RESERVED_KWARGS & set(template_kwargs or {}))
+    if clash:
+        raise InvalidRequestError(
+            f"chat_template_kwargs may not set {', '.join(clash)}: the request's own fields decide those",
+            param="chat_template_kwargs",
+        )
     msgs = normalise_messages(messages)
     template = tokenizer.chat_template or ""
     if "tool_calls" not in template:
         msgs = [_fold_tool_calls(m) for m in msgs]
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(template_kwargs or {})
     if tools and "tools" in template:
         kwargs["tools"] = tools
     elif tools:

@@ -64,6 +64,8 @@ class ChatRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # extra variables for the chat template, as vLLM takes them (e.g. {"enable_thinking": false})
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):

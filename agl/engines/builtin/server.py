@@ -35,6 +35,7 @@ from agl.engines.builtin.protocol import (
     chat_logprobs,
     completion_logprobs,
 )
+from agl.engines.builtin.reasoning import ReasoningStream, opens_thinking, split_reasoning
 from agl.engines.builtin.responses import ResponsesRequest, response_body, stream_events, to_chat
 from agl.errors import ConfigError, InvalidRequestError
 
@@ -62,9 +63,19 @@ def _config_error(_: Request, exc: Exception) -> Response:
     return error_body(exc.message, getattr(exc, "param", None))
 
 
+def _split(engine: Engine, prompt: list[int], content: str | None) -> tuple[str | None, str | None]:
+    """``(reasoning_content, content)`` of a chat reply: the thinking split off when the model thinks."""
+    if engine.reasoning_tags is None or content is None:
+        return None, content
+    return split_reasoning(content, opens_thinking(prompt, engine.reasoning_tags))
+
+
 def _chat_choice(engine: Engine, gen: Generation, index: int) -> dict[str, Any]:
     choice = gen.choices[index]
-    message: dict[str, Any] = {"role": "assistant", "content": choice.content}
+    reasoning, content = _split(engine, gen.prompt_token_ids, choice.content)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if choice.tool_calls:
         message["tool_calls"] = choice.tool_calls
     return {
@@ -99,11 +110,16 @@ async def _chat_stream(
     started: set[int] = set()
     first = True
     out: dict[str, Any]
+    tags = engine.reasoning_tags
+    splitters: dict[int, ReasoningStream] = {}
     async for item in stream:
         if isinstance(item, Generation):
             if req.tools:
                 for choice in item.choices:
-                    delta: dict[str, Any] = {"role": "assistant", "content": choice.content}
+                    reasoning, content = _split(engine, prompt, choice.content)
+                    delta: dict[str, Any] = {"role": "assistant", "content": content}
+                    if reasoning is not None:
+                        delta["reasoning_content"] = reasoning
                     if choice.tool_calls:
                         delta["tool_calls"] = [
                             dict(call, index=i) for i, call in enumerate(choice.tool_calls)
@@ -126,6 +142,12 @@ async def _chat_stream(
         if req.tools:
             continue
         delta = {"content": item.text}
+        if tags is not None:
+            splitter = splitters.setdefault(item.index, ReasoningStream(opens_thinking(prompt, tags)))
+            reasoning, content = splitter.feed(item.text, final=item.finish_reason is not None)
+            delta = {"content": content}
+            if reasoning:
+                delta["reasoning_content"] = reasoning
         if item.index not in started:
             started.add(item.index)
             delta["role"] = "assistant"
@@ -187,7 +209,7 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
     async def chat(req: ChatRequest) -> Response:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = req.tools if req.tool_choice != "none" else None
-        prompt = engine.encode_chat(messages, tools)
+        prompt = engine.encode_chat(messages, tools, req.chat_template_kwargs)
         engine.check_prompt(prompt, "messages")
         params = req.sampling(req.top_logprobs or 0)
         if req.stream:
