@@ -118,6 +118,11 @@ def _response(call: LLMCall) -> list[int]:
 MAX_GENERATION_PROMPT = 16
 
 
+def _thought(call: LLMCall) -> bool:
+    """Whether the reply held a thinking block (recorded apart, or left in the content)."""
+    return bool(call.reasoning) or "</think>" in str((call.response_message or {}).get("content") or "")
+
+
 def reply_end(previous: LLMCall, prompt_ids: Sequence[int]) -> int | None:
     """Where the re-rendering of ``previous``'s reply ends in ``prompt_ids``, or None if not found reliably.
 
@@ -125,11 +130,15 @@ def reply_end(previous: LLMCall, prompt_ids: Sequence[int]) -> int | None:
     client sent the parsed tool calls back and the template rendered them anew). Without a tokenizer:
     R must end with the token that closes the turns of P (it occurs in P, followed only by a generation
     prompt of at most MAX_GENERATION_PROMPT tokens), and not by length; the re-rendered turn ends at the
-    first such token after P, and the token after it must be the one that follows it in P.
+    first such token after P, and the token after it must be the one that follows it in P. A reply that
+    held a thinking block is never reconciled: a template that drops it (Qwen3's) gave the next call a
+    context shorter by the whole block, so each call trains alone (``thinking_stripped``).
     """
     prompt, reply = _prompt(previous), _response(previous)
     n = len(prompt)
     if not reply or previous.finish_reason == "length" or list(prompt_ids[:n]) != prompt:
+        return None
+    if _thought(previous):  # the template dropped its <think> block: the next call saw a shorter context
         return None
     closer = reply[-1]
     last = next((i for i in range(n - 1, -1, -1) if prompt[i] == closer), None)
@@ -147,7 +156,7 @@ def classify_mismatch(previous: LLMCall, prompt_ids: Sequence[int]) -> str:
     old_prompt = _prompt(previous)
     if list(prompt_ids[: len(old_prompt)]) != old_prompt:
         return "template_change"
-    if previous.reasoning or "</think>" in str((previous.response_message or {}).get("content") or ""):
+    if _thought(previous):
         return "thinking_stripped"  # the template re-rendered that reply without its <think> block (Qwen3)
     if len(prompt_ids) >= len(old_prompt) + len(_response(previous)):
         return "retokenization"

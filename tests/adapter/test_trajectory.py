@@ -222,6 +222,17 @@ def test_what_cannot_be_reconciled_stays_a_mismatch(
     assert report.mismatches == {why: 1} and report.reconciled_calls == 0 and report.merged_calls == 0
 
 
+def test_a_reply_that_thought_is_never_reconciled() -> None:
+    """Qwen3's template drops an earlier reply's <think> block: the next call saw a context a whole block
+    shorter than the merged sample would give it, so each call trains alone, classified."""
+    m = SpanMaker()
+    thinking = {sc.LLM_FINISH_REASON: "stop", sc.LLM_REASONING: "so 2 + 3 = 5"}
+    spans = [m.call(P1, COMPACT, attrs=thinking), m.call(P1 + RE_RENDERED + TOOL_TURN, [41, 2])]
+    samples, report = to_samples(llm_calls(spans), 1.0)
+    assert len(samples) == 2 and report.reconciled_calls == 0
+    assert report.mismatches == {"thinking_stripped": 1}
+
+
 def test_transition_level_never_reconciles() -> None:
     m = SpanMaker()
     spans = [m.call(P1, COMPACT), m.call(P1 + RE_RENDERED + TOOL_TURN, [41, 2])]
