@@ -49,6 +49,20 @@ def flagged(request: Request) -> bool:
     return raw == "1"
 
 
+def query_float(request: Request, name: str) -> float | None:
+    """A numeric filter from the query string (None when absent); anything but a finite number is a 422."""
+    raw = (request.query_params.get(name) or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise BadRequest(name, f"{name} must be a number, got {raw!r}")
+    return value
+
+
 async def json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object. Only ``application/json`` is read: a form another site posts cannot
     send it without the browser asking first (so a page elsewhere cannot act for an open dashboard)."""

@@ -142,6 +142,10 @@ def search(conn: Any, d: Dialect, q: RolloutSearch) -> RolloutMatches:
         if value is not None:
             where.append(f"{column}={p}")
             args.append(value)
+    for bound, op in ((q.reward_min, ">="), (q.reward_max, "<=")):
+        if bound is not None:
+            where.append(f"{_SORT_VALUES['reward']} {op} {p}")
+            args.append(bound)
     for key, wanted in (q.metadata or {}).items():
         where.append(d.metadata_is.format(p=p))
         args += [key, orjson.dumps(wanted).decode()]
@@ -151,7 +155,8 @@ def search(conn: Any, d: Dialect, q: RolloutSearch) -> RolloutMatches:
         reply = d.contains.format(f"{lower}({_REPLY})", p)
         where.append(f"({d.contains.format('r.search_text', p)} OR {_DIGEST_IN}{reply}))")
         args += [needle, needle]
-    join = q.sort == "reward" or q.agent is not None or q.error_type is not None
+    bounded = q.reward_min is not None or q.reward_max is not None
+    join = q.sort == "reward" or q.agent is not None or q.error_type is not None or bounded
     sql = f"SELECT r.pos, COUNT(*) OVER () FROM rollouts r{_WITH_DIGEST if join else ''}"
     if where:
         sql += " WHERE " + " AND ".join(where)

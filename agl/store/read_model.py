@@ -154,6 +154,9 @@ class RolloutSearch(WireModel):
     agent: str | None = None
     error_type: str | None = None
     metadata: dict[str, str | int | float] | None = None
+    #: the latest attempt's final reward within these bounds (inclusive); a rollout without one never matches
+    reward_min: float | None = None
+    reward_max: float | None = None
     sort: RolloutSort = "created"
     descending: bool = True
     limit: int = Field(50, ge=1, le=10_000)
@@ -292,6 +295,10 @@ class InProcessReadModel(StoreReadModel):
             )
 
 
+def _within(value: float | None, low: float | None, high: float | None) -> bool:
+    return value is not None and (low is None or value >= low) and (high is None or value <= high)
+
+
 def latest_digests(rows: InProcessRows, rollout_ids: Sequence[str] | None, after: int) -> list[AttemptDigest]:
     """Digests of latest attempts stamped after ``after``, by stamp."""
     ids = rows.rollout_attempts.keys() if rollout_ids is None else rollout_ids
@@ -314,6 +321,7 @@ def search(rows: InProcessRows, q: RolloutSearch) -> RolloutMatches:
     if q.resources_id is not None:
         equal.append(("resources_id", q.resources_id))
     equal_facts = [(k, v) for k, v in (("agent", q.agent), ("error_type", q.error_type)) if v is not None]
+    bounded = q.reward_min is not None or q.reward_max is not None
     found: list[tuple[int, Any, Rollout, tuple[str, str] | None]] = []
     for pos, (rid, rollout) in enumerate(rows.rollouts.items()):
         if (
@@ -326,9 +334,12 @@ def search(rows: InProcessRows, q: RolloutSearch) -> RolloutMatches:
         key = (rid, attempts[-1]) if attempts else None
         kept = rows.digests.get(key) if key else None
         unmatched = needle is not None and needle not in rows.search_texts[rid]
-        facts = digest_values(kept[1]) if kept and (equal_facts or unmatched or q.sort == "reward") else {}
-        if (equal_facts and any(facts.get(k) != v for k, v in equal_facts)) or (
-            unmatched and needle not in (facts.get("reply") or "").lower()
+        wanted = equal_facts or unmatched or bounded or q.sort == "reward"
+        facts = digest_values(kept[1]) if kept and wanted else {}
+        if (
+            (equal_facts and any(facts.get(k) != v for k, v in equal_facts))
+            or (unmatched and needle not in (facts.get("reply") or "").lower())
+            or (bounded and not _within(facts.get("reward"), q.reward_min, q.reward_max))
         ):
             continue
         value = (

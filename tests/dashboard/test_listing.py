@@ -141,6 +141,11 @@ async def test_sorts_search_filters_and_pages_agree_on_every_backend(kind: str, 
             assert names(await get(q=ids[3][-6:]), ids) == ["r3"]  # the id
             assert names(await get(error="ValueError"), ids) == ["r4"]
             assert [(r["agent"], r["reward"]) for r in (await get(agent="a1"))["items"]] == [("a1", 0.9)]
+            # numeric filters on the reward (inclusive; no reward never matches), with a sort or alone
+            assert names(await get(reward_max="0.5"), ids) == ["r5", "r2", "r0"]
+            assert names(await get(reward_min="0.6", sort="reward", order="asc"), ids) == ["r6", "r1"]
+            bad = await http.get("/ui/api/rollouts", params={"reward_min": "high"})
+            assert bad.status_code == 422 and bad.json()["error"]["field"] == "reward_min"
             seen: list[str] = []
             cursor = ""
             while True:

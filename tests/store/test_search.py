@@ -127,6 +127,11 @@ async def test_search_filters_sorts_and_pages(store: StoreWithReadModel, clock: 
     assert await names(store, ids, resources_id=v1) == ["b", "a"]
     assert await names(store, ids, agent="solver") == ["e", "c", "a"]
     assert await names(store, ids, error_type="ValueError") == ["d"]
+    # reward bounds (inclusive) on the latest attempt's final reward; no reward never matches
+    assert await names(store, ids, reward_min=0.5) == ["c", "b", "a"]
+    assert await names(store, ids, reward_max=0.5, sort="reward") == ["c", "a", "e"]
+    assert await names(store, ids, reward_min=0.2, reward_max=0.6) == ["c", "a"]
+    assert await names(store, ids, reward_min=0.95) == []
     assert (
         await names(store, ids, metadata={"step": 1})
         == await names(store, ids, metadata={"step": 1.0})

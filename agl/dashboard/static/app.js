@@ -159,7 +159,7 @@ function askToken(message) {
 function rolloutsView(params) {
   const statuses = new Set((params.get("status") || "").split(",").filter(Boolean));
   const f = {};
-  for (const k of ["mode", "q", "sort", "order", "resources_id", "group_id", "agent", "error", "flagged"]) f[k] = params.get(k) || "";
+  for (const k of ["mode", "q", "sort", "order", "resources_id", "group_id", "agent", "error", "flagged", "reward_min", "reward_max"]) f[k] = params.get(k) || "";
   const cursors = [null]; // cursors of the pages seen, for "newer"
   let page = 0;
   let next = null;
@@ -203,6 +203,8 @@ function rolloutsView(params) {
     h("div", { class: "filters" }, h("span", { class: "mute" }, "status:"), chips,
       statuses.size ? h("button", { class: "chip", onclick: () => { statuses.clear(); go({}); } }, "clear") : null,
       text("group", "group_id", "group id"), text("agent", "agent", "agent name"), h("span", { class: "mute" }, " error:"), errorSelect,
+      h("span", { class: "mute" }, " reward ≥"), text("reward-min", "reward_min", "min"),
+      h("span", { class: "mute" }, "≤"), text("reward-max", "reward_max", "max"),
       h("button", { class: "chip" + (f.flagged ? " on" : ""), id: "flagged-only", onclick: () => go({ flagged: f.flagged ? "" : "1" }) }, "★ flagged only")),
     exportBar(() => query({})),
     h("table", { id: "rollouts" },
