@@ -407,13 +407,7 @@ class Gateway:
         try:
             answer = await self.rewards.post(post)
         except StoreUnavailableError as exc:
-            raise HTTPError(
-                503,
-                f"the store is unreachable, so the reward is not recorded; retry after "
-                f"{self.config.retry_after_s} s (it is idempotent) ({exc})",
-                code="store_unavailable",
-                headers=[(b"retry-after", str(self.config.retry_after_s).encode())],
-            ) from None
+            raise self._store_down("the reward is not recorded", f"(it is idempotent) ({exc})") from None
         await _send_json(send, 200, answer)
 
     async def _models(self) -> dict[str, Any]:
@@ -524,6 +518,16 @@ class Gateway:
                 self._drained.set()
             self.metrics.observe(api, status, time.perf_counter() - began, upstream_s)
 
+    def _store_down(self, consequence: str, detail: str) -> HTTPError:
+        """A 503 for a store that cannot be reached, with when to retry."""
+        after = self.config.retry_after_s
+        return HTTPError(
+            503,
+            f"the store is unreachable, so {consequence}; retry after {after} s {detail}",
+            code="store_unavailable",
+            headers=[(b"retry-after", str(after).encode())],
+        )
+
     def _seeded(
         self, target: _Target | None, api: str, request: dict[str, Any], raw: bytes
     ) -> tuple[dict[str, Any], bytes]:
@@ -554,12 +558,8 @@ class Gateway:
                 404, f"unknown rollout {rollout_id!r}", param="rollout_id", code="rollout_not_found"
             ) from None
         except StoreUnavailableError as exc:  # calls of attempts seen before go on; new ones must wait
-            raise HTTPError(
-                503,
-                f"the store is unreachable, so the call cannot be attributed to rollout {rollout_id!r}; "
-                f"retry after {self.config.retry_after_s} s ({exc})",
-                code="store_unavailable",
-                headers=[(b"retry-after", str(self.config.retry_after_s).encode())],
+            raise self._store_down(
+                f"the call cannot be attributed to rollout {rollout_id!r}", f"({exc})"
             ) from None
         if attempt_id == "latest":
             if not attempts:
