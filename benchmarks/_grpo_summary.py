@@ -230,3 +230,14 @@ def sample_mismatches(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
                 shown = ", ".join(f"{side} {'-' if c is None else f'{c:g}'}" for side, c in counts.items())
                 out.append(f"round {round_ + 1}, step {step + 1}: {shown}")
     return out
+
+
+def require_same_samples(runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Exit with each (round, step) named when the sides trained different sample counts: a speed ratio between
+    sides that did different work would mislead."""
+    mismatches = sample_mismatches(runs)
+    if mismatches:
+        raise SystemExit(
+            "the sides trained different sample counts (agl skips groups whose rewards tie, TRL trains them), "
+            "so their speeds are not comparable; no result saved:\n  " + "\n  ".join(mismatches)
+        )

@@ -72,7 +72,7 @@ from benchmarks._grpo_summary import (  # noqa: E402
     Seen,
     agl_precision,
     ratios,
-    sample_mismatches,
+    require_same_samples,
     split_steps,
     summarize,
     table,
@@ -513,12 +513,7 @@ def run_single_turn(args: argparse.Namespace, path: Path) -> tuple[bool, dict[st
     for q in ratio_rows:
         emit(q, args.json)
     print(table(rows, ratio_rows), flush=True)
-    mismatches = sample_mismatches(runs)
-    if mismatches:
-        raise SystemExit(
-            "the sides trained different sample counts (agl skips groups whose rewards tie, TRL trains them), "
-            "so their speeds are not comparable; no result saved:\n  " + "\n  ".join(mismatches)
-        )
+    require_same_samples(runs)
     return ok, runs
 
 
