@@ -1,8 +1,8 @@
 """GRPO step speed on CPU: agl through ``Trainer.fit``, agl in process, and TRL's ``GRPOTrainer``, same everything.
 
 TRL runs in its own venv so it never moves agl's torch or transformers: ``bash scripts/setup_trl.sh`` makes
-``.venv-trl`` (pinned torch, trl, datasets), found by default; ``--trl-python`` names another interpreter
-(one with ``pip install -e '.[bench]'``, say).
+``.venv-trl`` (pinned torch, trl, datasets), found by default (``AGL_TRL_VENV`` names another such venv, as it
+does for the script); ``--trl-python`` names another interpreter (one with ``pip install -e '.[bench]'``, say).
 
 Part 1, single turn, three sides on the same model, prompts, reward, group size, completion length, learning
 rate and steps; each side a fresh process per round, rounds in alternating order (reversed every other round):
@@ -15,12 +15,15 @@ rate and steps; each side a fresh process per round, rounds in alternating order
   (the same policy settings as ``fit``; the gap to ``fit`` is what the store, runners and gateway cost);
 - ``trl``: ``GRPOTrainer`` (``benchmarks/_trl_side.py``), ``use_cpu=True``, no vLLM, ``loss_type="dapo"`` (token
   mean, as agl's default), ``beta=0``, ``gradient_checkpointing=False`` unless ``--trl-gradient-checkpointing``,
-  ``bf16`` as agl's precision resolves here (``--precision``; ``--trl-precision`` to set TRL's apart).
+  ``bf16`` as agl's ``--precision`` (fp32 by default, as agl's ``auto``; ``--trl-precision bf16`` runs TRL in
+  bf16, its own default, as a variant: the result file's name says each side's precision).
 The first step of each round is warm-up and left out. Per side: medians over the other steps of ``step_s`` (the
 side's own step time: generation + update (+ sync)) and ``wall_s`` (step start to next step start: everything the
-loop does between steps too), and of trained tokens/s (the step's prompt + completion tokens / ``step_s``); then a
-ratio table. The reward (right number 1, other number 0.1, less a hair per character) rarely ties a group, so agl
-(which skips tied groups) and TRL (which trains them) train on the same samples; ``samples`` shows it.
+loop does between steps too), and of trained tokens/s (the prompt + completion tokens of the samples the step
+trained / ``step_s``). Then the ratios: each round's own (its sides ran back to back), their median and range
+(min-max), and the ratio of the medians over all rounds. The reward (right number 1, other number 0.1, less a hair
+per character) rarely ties a group; agl skips a tied group, TRL trains it, so the run fails, naming the round and
+step, when the sides trained different sample counts in a step.
 Part 1 with ``--task tools``, a 5-turn tool agent: add five numbers with an ``add`` tool, two at a time, then
 reply with the total (``_tool_task.py``). SmolLM2 gets Qwen 2.5's chat template (TRL parses tool calls only from
 templates it knows) and a short tool-calling SFT warm start, cached; every side loads that model. The agl
@@ -31,8 +34,10 @@ Part 2, a synthetic 5-turn agent (5 calls whose prompts extend each other): one 
 samples (one merged sequence per rollout) vs transition-level samples (one per call): tokens processed, step time.
 
     .venv/bin/python benchmarks/grpo_vs_trl.py --model tiny --steps 3 --rounds 1 --skip-multi-turn
-    .venv/bin/python benchmarks/grpo_vs_trl.py --model smollm2 --steps 4 --rounds 2 --skip-multi-turn
-    .venv/bin/python benchmarks/grpo_vs_trl.py --task tools --steps 5 --rounds 2 --skip-multi-turn \
+    .venv/bin/python benchmarks/grpo_vs_trl.py --model smollm2 --steps 4 --rounds 3 --skip-multi-turn --sides fit,trl
+    .venv/bin/python benchmarks/grpo_vs_trl.py --model smollm2 --steps 4 --skip-multi-turn --sides fit,trl \
+        --trl-precision bf16
+    .venv/bin/python benchmarks/grpo_vs_trl.py --task tools --steps 5 --skip-multi-turn \
         --sides fit_async,fit,trl
 """
 
@@ -61,11 +66,25 @@ from agl import semconv as sc  # noqa: E402
 from agl.schemas import Rollout, RolloutStatus, Span  # noqa: E402
 from benchmarks import _results  # noqa: E402
 from benchmarks import _tool_task as tool_task  # noqa: E402
+from benchmarks._grpo_summary import (  # noqa: E402
+    RATIOS,
+    SIDES,
+    Seen,
+    agl_precision,
+    ratios,
+    require_same_samples,
+    split_steps,
+    summarize,
+    table,
+    trained_rollouts,
+    trl_precision,
+    variant_name,
+)
 from benchmarks._trl_side import reward_text  # noqa: E402
 
-SIDES = ("fit_async", "fit", "inproc", "trl")
 TOOL_RESULT_TOKENS = 16  # a tool result between two turns, as Qwen's template wraps it: about 15 tokens
-TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
+# the TRL side's interpreter: scripts/setup_trl.sh's venv, which AGL_TRL_VENV moves as it moves the script's target
+TRL_PYTHON = Path(os.environ.get("AGL_TRL_VENV") or ROOT / ".venv-trl") / "bin" / "python"
 
 
 def make_pool(n: int, seed: int, task: str = "sums") -> list[dict[str, Any]]:
@@ -194,9 +213,7 @@ def run_fit(
 
     per_step = args.prompts * args.group
     TOOLS = [tool_task.tool_schema()]
-    seen: list[
-        tuple[float, str, int]
-    ] = []  # (began, task id, prompt + completion tokens), in finishing order
+    seen: list[Seen] = []  # every rollout, in finishing order
 
     def client_for(llm: agl.LLM) -> openai.AsyncOpenAI:
         """The rollout's client: over the runner's shared connections, or (``fresh``) a new one per rollout."""
@@ -205,18 +222,19 @@ def run_fit(
         return agl.openai_client(llm, max_retries=0)
 
     @agl.rollout
-    async def agent(task: dict[str, Any], llm: agl.LLM) -> float:
+    async def agent(task: dict[str, Any], llm: agl.LLM, rollout: Rollout) -> float:
         began = time.perf_counter()
         async with client_for(llm) as client:
             reply = await client.chat.completions.create(
                 model=llm.model, messages=task["prompt"], max_tokens=args.max_tokens
             )
         tokens = reply.usage.total_tokens if reply.usage else 0
-        seen.append((began, task["id"], tokens))
-        return reward_text(reply.choices[0].message.content or "", task["answer"])
+        reward = reward_text(reply.choices[0].message.content or "", task["answer"])
+        seen.append(Seen.of(rollout, began, task["id"], tokens, reward))
+        return reward
 
     @agl.rollout
-    async def tool_agent(task: dict[str, Any], llm: agl.LLM) -> float:
+    async def tool_agent(task: dict[str, Any], llm: agl.LLM, rollout: Rollout) -> float:
         """Up to ``--turns`` model calls: run the tool calls of each reply, stop at a reply without any."""
         began = time.perf_counter()
         messages: list[dict[str, Any]] = list(task["prompt"])
@@ -244,8 +262,9 @@ def run_fit(
                             "content": result,
                         }
                     )
-        seen.append((began, task["id"], tokens))
-        return reward_text(answer, task["answer"])
+        reward = reward_text(answer, task["answer"])
+        seen.append(Seen.of(rollout, began, task["id"], tokens, reward))
+        return reward
 
     config = GRPOConfig(
         model_path=str(path),
@@ -269,21 +288,28 @@ def run_fit(
     history = result["history"]
     if len(seen) != per_step * len(history):
         raise RuntimeError(f"{len(seen)} rollouts finished for {len(history)} steps of {per_step}")
-    chunks = [seen[i * per_step : (i + 1) * per_step] for i in range(len(history))]
-    starts = [min(c[0] for c in chunk) for chunk in chunks]
+    chunks = split_steps(seen, per_step, len(history))
+    starts = [min(c.began for c in chunk) for chunk in chunks]
     steps = []
     walls = _walls(starts, history[-1]["step_time_s"]) if history else []
-    for row, chunk, wall in zip(history, chunks, walls, strict=True):
+    for i, (row, chunk, wall) in enumerate(zip(history, chunks, walls, strict=True)):
+        trained = trained_rollouts(chunk)
+        if args.task == "sums" and len(trained) != row["samples"]:  # one sample per rollout here
+            raise RuntimeError(
+                f"step {i + 1}: {len(trained)} rollouts in groups whose rewards differ, but agl trained "
+                f"{row['samples']:g} samples: the benchmark's tie rule no longer matches build_batch's"
+            )
         steps.append(
             {
                 "step_s": row["step_time_s"],
                 "wall_s": wall,
                 "gen_s": row["rollout_time_s"],
                 "update_s": row.get("update_time_s", 0.0),
-                "tokens": float(sum(c[2] for c in chunk)),
+                "tokens": float(sum(c.tokens for c in trained)),  # the trained samples' alone
+                "generated_tokens": float(sum(c.tokens for c in chunk)),
                 "reward": row["reward_mean"],
                 "samples": row["samples"],
-                "task_ids": sorted({c[1] for c in chunk}),
+                "task_ids": sorted({c.task_id for c in chunk}),
             }
         )
     return {"steps": steps, "setup_s": starts[0] - started if starts else None}
@@ -379,7 +405,8 @@ async def run_inproc(
                 "gen_s": generated - began,
                 "update_s": update_s,
                 "sync_s": sync_s,
-                "tokens": float(
+                "tokens": float(sum(len(x.input_ids) for x in batch.samples)),  # trained: prompt + completion
+                "generated_tokens": float(
                     sum(len(g.prompt_token_ids) + len(c.token_ids) for g in gens for c in g.choices)
                 ),
                 "reward": sum(rewards) / len(rewards),
@@ -395,13 +422,6 @@ async def run_inproc(
 
 
 # ----- one side, in its own process ---------------------------------------------------------------------------
-def trl_precision(args: argparse.Namespace) -> str:
-    """TRL's precision: ``bf16`` is its ``bf16=True`` (autocast, as agl's bf16; TRL's own default)."""
-    from agl.compute.precision import resolve_precision
-
-    return resolve_precision(args.precision, "cpu") if args.trl_precision == "same" else args.trl_precision
-
-
 def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Path, result: Path) -> list[str]:
     """The command line of one side's process: the shared settings, then the side's own."""
     shared = ["--steps", str(args.steps), "--prompts", str(args.prompts), "--group", str(args.group)]
@@ -450,124 +470,13 @@ def run_side(side: str, args: argparse.Namespace, path: Path, work: Path, round_
         return {"error": f"{side} exited with {proc.returncode}; the end of {log}:\n{tail}"}
     out: dict[str, Any] = json.loads(result.read_text())
     out["process_s"] = time.perf_counter() - started
+    out["round"] = round_
     return out
-
-
-# ----- summary ------------------------------------------------------------------------------------------------
-def _median(values: list[Any]) -> float | None:
-    present = [v for v in values if v is not None]
-    return round(statistics.median(present), 3) if present else None
-
-
-def _mean(values: list[float]) -> float | None:
-    return round(statistics.fmean(values), 3) if values else None
-
-
-def summarize(
-    side: str, args: argparse.Namespace, runs: list[dict[str, Any]], plan: list[Any]
-) -> dict[str, Any]:
-    """Medians over every round's steps but the first (warm-up); counts what differs between the sides."""
-    # fit_async: its last step overlaps nothing, and a step that finds its rollouts done is short while the
-    # next waits longer, so its per-step figure is the mean period (total time / steps), not a median
-    end = -1 if side == "fit_async" and args.steps > 2 else None
-    steady = [s for run in runs for s in run["steps"][1:end]] or [s for run in runs for s in run["steps"]]
-    expected = [sorted(t["id"] for t in step) for step in plan]
-    row: dict[str, Any] = {
-        "bench": bench_name(args),
-        "side": side,
-        "model": args.model,
-        "prompts_per_step": args.prompts,
-        "group_size": args.group,
-        "max_tokens": args.max_tokens,
-        "rounds": len(runs),
-        "steps_per_round": args.steps,
-        "steady_steps": len(steady),
-        "step_s": _median([s["step_s"] for s in steady])
-        if end is None
-        else _mean([s["step_s"] for s in steady]),
-        "wall_s": _median([s.get("wall_s") for s in steady]),
-        "trained_tokens_per_s": _median([s["tokens"] / s["step_s"] for s in steady])
-        if end is None
-        else round(sum(s["tokens"] for s in steady) / sum(s["step_s"] for s in steady), 3),
-        "tokens_per_step": _median([s["tokens"] for s in steady]),
-        "samples_per_step": _median([s["samples"] for s in steady]),
-        "steps_without_update": sum(1 for s in steady if s["samples"] == 0),
-        # agl skips a step whose groups all tied (TRL trains it): the steps that trained, alone
-        "updating_step_s": _median([s["step_s"] for s in steady if s["samples"] > 0]),
-        "first_step_s": _median([run["steps"][0]["step_s"] for run in runs if run["steps"]]),
-        "setup_s": _median([run.get("setup_s") for run in runs]),
-        "reward_first": _median([run["steps"][0]["reward"] for run in runs if run["steps"]]),
-        "reward_last": _median([run["steps"][-1]["reward"] for run in runs if run["steps"]]),
-        "same_prompts": all([s.get("task_ids") for s in run["steps"]] == expected for run in runs),
-        "threads": args.threads,
-    }
-    if side.startswith("fit"):
-        row["agent_client"] = args.agent_client
-    for key in ("gen_s", "update_s", "sync_s"):
-        if any(key in s for s in steady):
-            row[key] = _median([s.get(key) for s in steady])
-    if side == "trl":
-        row["versions"] = runs[0].get("versions")
-        row["gradient_checkpointing"] = args.trl_gradient_checkpointing
-        row["bf16"] = trl_precision(args) == "bf16"
-    else:
-        from agl.compute.precision import resolve_precision
-
-        row["precision"] = resolve_precision(args.precision, "cpu")
-    return row
-
-
-def bench_name(args: argparse.Namespace) -> str:
-    return "grpo_tools" if args.task == "tools" else "grpo_single_turn"
-
-
-def ratios(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Speed-up of each side over each later one: per step (step_s, wall_s) and in trained tokens/s."""
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return round(a / b, 2) if a and b else None
-
-    out = []
-    names = [s for s in SIDES if s in rows]
-    for i, fast in enumerate(names):
-        for slow in names[i + 1 :]:
-            a, b = rows[fast], rows[slow]
-            out.append(
-                {
-                    "bench": f"{a['bench']}_ratio",
-                    "model": a["model"],
-                    "side": fast,
-                    "over": slow,
-                    "speedup_step": ratio(b["step_s"], a["step_s"]),
-                    "speedup_wall": ratio(b["wall_s"], a["wall_s"]),
-                    "speedup_tokens_per_s": ratio(a["trained_tokens_per_s"], b["trained_tokens_per_s"]),
-                }
-            )
-    return out
-
-
-def table(rows: dict[str, dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| side | s/step (median) | wall s/step | trained tok/s | gen s | update s | samples/step | no-update steps "
-        "| s/updating step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for side, r in rows.items():
-        cells = [r["step_s"], r["wall_s"], r["trained_tokens_per_s"], r.get("gen_s"), r.get("update_s")]
-        cells += [r["samples_per_step"], r["steps_without_update"], r["updating_step_s"]]
-        lines.append(f"| {side} | " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
-    lines += ["", "| ratio | per step | per wall step | tokens/s |", "|---|---:|---:|---:|"]
-    for q in ratio_rows:
-        cells = [q["speedup_step"], q["speedup_wall"], q["speedup_tokens_per_s"]]
-        lines.append(
-            f"| {q['side']} / {q['over']} | " + " | ".join(f"{c}x" if c else "-" for c in cells) + " |"
-        )
-    return "\n".join(lines)
 
 
 def run_single_turn(args: argparse.Namespace, path: Path) -> tuple[bool, dict[str, list[dict[str, Any]]]]:
     """Every side ``--rounds`` times, order reversed every other round; False when a side failed, and each
-    side's rounds."""
+    side's rounds. Exits (after the table) when the sides trained different sample counts in a step."""
     sides = [s for s in SIDES if s in args.sides]
     pool = make_pool(args.pool_size, args.seed, args.task)
     plan = plan_steps(pool, args.steps, args.prompts, args.seed)
@@ -588,14 +497,23 @@ def run_single_turn(args: argparse.Namespace, path: Path) -> tuple[bool, dict[st
                     continue
                 runs[side].append(got)
                 times = ", ".join(f"{s['step_s']:.2f}" for s in got["steps"])
-                print(f"  {side}: step s [{times}], process {got['process_s']:.1f}s", flush=True)
+                samples = ", ".join(f"{s['samples']:g}" for s in got["steps"])
+                print(
+                    f"  {side}: step s [{times}], samples [{samples}], process {got['process_s']:.1f}s",
+                    flush=True,
+                )
     rows = {s: summarize(s, args, r, plan) for s, r in runs.items() if r}
+    per_round = [
+        {s: summarize(s, args, [run], plan) for s, got in runs.items() for run in got if run["round"] == i}
+        for i in range(args.rounds)
+    ]
     for row in rows.values():
         emit(row, args.json)
-    ratio_rows = ratios(rows)
+    ratio_rows = ratios(rows, per_round)
     for q in ratio_rows:
         emit(q, args.json)
     print(table(rows, ratio_rows), flush=True)
+    require_same_samples(runs)
     return ok, runs
 
 
@@ -696,7 +614,12 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=4, help="steps per side and round (the first is warm-up)"
     )
-    parser.add_argument("--rounds", type=int, default=2, help="times each side runs, alternating the order")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="times each side runs, the sides back to back, alternating the order; ratios per round",
+    )
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step")
     parser.add_argument("--group", type=int, default=4, help="completions per prompt")
     parser.add_argument(
@@ -726,14 +649,14 @@ def main() -> None:
     parser.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16"],
-        default="auto",
-        help="agl's GRPOConfig.precision (auto: bf16 autocast on a CPU with native bf16)",
+        default="fp32",
+        help="agl's GRPOConfig.precision (auto: agl's default, fp32 unless AGL_PRECISION says bf16)",
     )
     parser.add_argument(
         "--trl-precision",
         choices=["same", "fp32", "bf16"],
         default="same",
-        help="TRL's bf16 flag: same (as agl's --precision resolves here), fp32 (bf16=False) or bf16 (bf16=True)",
+        help="TRL's bf16 flag: same (as agl's --precision), fp32 (bf16=False) or bf16 (bf16=True, TRL's default)",
     )
     parser.add_argument("--side-timeout", type=float, default=3600.0, help="seconds one side's run may take")
     parser.add_argument("--log-dir", default=None, help="keep each side's log here (default: a temp folder)")
@@ -816,9 +739,16 @@ def main() -> None:
 def save(
     recorder: _results.Recorder, args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]
 ) -> None:
-    """The result file: the first side's step times (every round's steps after the first), or Part 2's ratio."""
+    """The result file. Its headline: each round's step speed-up of the first side over TRL (else over the
+    next side); one side alone, its step times (every round's steps after the first); else Part 2's ratio."""
+    paired = [r for r in EMITTED if r.get("bench", "").endswith("_ratio") and r.get("speedup_step_median")]
+    pick = next((r for r in paired if r["over"] == "trl"), paired[0] if paired else None)
     side = next((s for s in SIDES if runs.get(s)), None)
-    if side is not None:
+    if pick is not None:
+        metric = f"{pick['side']} over {pick['over']} speed-up per step"
+        unit = f"x ({pick['over']} s/step / {pick['side']} s/step, one value per round)"
+        values, better = [v for v in pick["speedup_step_rounds"] if v is not None], "higher"
+    elif side is not None:
         metric, unit = f"{side} step_s", "s per GRPO step (steps after each round's first)"
         values = [s["step_s"] for run in runs[side] for s in run["steps"][1:]]
         values = values or [s["step_s"] for run in runs[side] for s in run["steps"]]
@@ -829,8 +759,20 @@ def save(
             return
         metric, unit, better = "trajectory_vs_transition", "x, 5-turn step speed-up", "higher"
         values = [multi[0]["trajectory_vs_transition"]]
-    variant = args.model + ("-tools" if args.task == "tools" else "")
-    summary = {"rows": EMITTED}
+    summary: dict[str, Any] = {"rows": EMITTED}
+    summary["precision"] = {"agl": agl_precision(args), "trl": trl_precision(args)}
+    summary["ratios"] = {
+        f"{q['side']}/{q['over']}": {
+            name: {
+                "median_of_rounds": q[f"{name}_median"],
+                "range_of_rounds": q[f"{name}_range"],
+                "rounds": q[f"{name}_rounds"],
+                "of_medians": q[name],
+            }
+            for name in RATIOS
+        }
+        for q in paired
+    }
     rounds = [{"side": s, "round": i, **run} for s, got in runs.items() for i, run in enumerate(got)]
     recorder.save(
         metric=metric,
@@ -838,7 +780,7 @@ def save(
         values=values,
         runs=rounds or EMITTED,
         summary=summary,
-        variant=variant,
+        variant=variant_name(args),
         better=better,
     )
 
