@@ -67,7 +67,7 @@ def trl_precision(args: argparse.Namespace) -> str:
 def variant_name(args: argparse.Namespace) -> str:
     """The result file's variant: model, task, agl's precision, and TRL's where it differs (``smollm2-fp32``,
     ``smollm2-fp32-trl-bf16``)."""
-    name = args.model + ("-tools" if args.task == "tools" else "") + f"-{agl_precision(args)}"
+    name = str(args.model) + ("-tools" if args.task == "tools" else "") + f"-{agl_precision(args)}"
     trl_ran = "trl" in args.sides and not args.skip_single_turn
     return name + (
         f"-trl-{trl_precision(args)}" if trl_ran and trl_precision(args) != agl_precision(args) else ""
@@ -188,7 +188,7 @@ def ratios(
 def _spread(q: dict[str, Any], name: str) -> str:
     """A ratio cell: the median of the rounds' ratios and their range, or the ratio of medians alone."""
     median, span = q.get(f"{name}_median"), q.get(f"{name}_range")
-    if median is None:
+    if median is None or span is None:
         return f"{q[name]}x" if q[name] else "-"
     return f"{median}x ({span[0]}-{span[1]}x, {len(q[f'{name}_rounds'])} rounds; all steps {q[name]}x)"
 
