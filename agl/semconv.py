@@ -48,6 +48,7 @@ LLM_HAS_TOKEN_IDS = "agl.llm.has_token_ids"  # False when the backend returned n
 LLM_SOURCE = "agl.llm.source"  # "gateway" | "openinference" | ...
 
 # ----- rollout metadata ------------------------------------------------------------------------
+ROLLOUT_MODE_ONLINE = "online"  # production traffic the gateway recorded, one rollout a conversation
 TRAINING_RECORD = "agl.training"  # what a GRPO step trained on this rollout (agl/algorithm/grpo/record.py)
 
 # ----- attribution and tags --------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from agl import semconv as sc
 from agl.errors import ConflictError
 from agl.gateway.recording import CallRecord
 from agl.schemas import RolloutCreate, new_id
@@ -28,7 +29,7 @@ from agl.tracer.writer import GaveUp, StoreOutage
 
 logger = logging.getLogger(__name__)
 
-ONLINE_MODE = "online"
+ONLINE_MODE = sc.ROLLOUT_MODE_ONLINE
 SESSION_HEADER = b"x-agl-session-id"
 #: rollout metadata keys of an online rollout
 SESSION_KEY = "agl.session_id"

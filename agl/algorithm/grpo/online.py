@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from agl import semconv as sc
 from agl.adapter import final_reward, llm_calls
 from agl.algorithm.base import rollout_spans
 from agl.algorithm.grpo.advantages import std_scale
@@ -24,7 +25,7 @@ from agl.errors import ConfigError
 from agl.schemas import Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore
 
-ONLINE_MODE = "online"  # the mode the gateway records unattributed traffic under (agl.gateway.online)
+ONLINE_MODE = sc.ROLLOUT_MODE_ONLINE  # the mode the gateway records production traffic under
 PAGE = 500
 _VERSION = re.compile(r"^v(\d+)$")
 
