@@ -7,7 +7,8 @@ serving engine has now, scores the current and the candidate model on held-out t
 eval`` does (:func:`agl.trainer.evaluation.evaluate_models`), and publishes the candidate to the serving
 engine through its weights route (``POST /v1/weights``) only if it is not worse by the gate. Every
 published version stays in ``OUT/versions``, so :func:`rollback` republishes an earlier one. The state
-(watermark, versions) is ``OUT/online.json``; each round's report is a line of ``OUT/rounds.jsonl``.
+(watermark, versions) is ``OUT/online.json``; each round's report is a line of ``OUT/rounds.jsonl``,
+with the ids of the rollouts it trained on and of those it skipped (and why).
 """
 
 from __future__ import annotations
@@ -263,7 +264,8 @@ def run_round(config: GRPOConfig, settings: OnlineSettings) -> RoundReport:
             report.decision = "refused"
     state.watermark = data.watermark
     state.save(out)
-    _append(out, {"at": time.time(), **asdict(report), "skipped": data.skipped})
+    trained = sorted({s.rollout_id for s in data.batch.samples})
+    _append(out, {"at": time.time(), **asdict(report), "trained": trained, "skipped": data.skipped})
     log.info("online %s", report.line())
     return report
 

@@ -56,37 +56,49 @@ def final_number(text: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-@agl.rollout(name="calc")
-async def calc_agent(task: dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -> float:
-    """Up to three model turns: tool call(s), then ``Answer: N``. Validation rollouts decode greedily."""
-    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "agl", max_retries=2)
-    sampling = {"temperature": 0.0} if rollout.mode == "val" else dict(llm.sampling_parameters)
+async def solve(
+    client: openai.AsyncOpenAI, model: str, question: str, sampling: dict[str, Any], **request: Any
+) -> str:
+    """Up to three model turns: tool call(s), then the reply; ``request`` goes with every call (headers)."""
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": task["question"]},
+        {"role": "user", "content": question},
     ]
-    reply = ""
+    for _ in range(3):
+        response = await client.chat.completions.create(
+            model=model,
+            messages=cast("list[ChatCompletionMessageParam]", messages),
+            tools=[cast("ChatCompletionToolParam", CALCULATOR)],
+            max_tokens=40,
+            **sampling,
+            **request,
+        )
+        message = response.choices[0].message
+        if not message.tool_calls:
+            return message.content or ""
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            try:
+                expression = str(json.loads(call.function.arguments or "{}").get("expression", ""))  # type: ignore[union-attr]
+            except json.JSONDecodeError:
+                expression = ""
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(expression)})
+    return ""
+
+
+def score(reply: str, answer: float) -> float:
+    """1 when the reply's ``Answer: N`` is the right number, else 0."""
+    value = final_number(reply)
+    return 1.0 if value is not None and abs(value - answer) < 1e-6 else 0.0
+
+
+@agl.rollout(name="calc")
+async def calc_agent(task: dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -> float:
+    """The calc agent under training: validation rollouts decode greedily."""
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "agl", max_retries=2)
+    sampling = {"temperature": 0.0} if rollout.mode == "val" else dict(llm.sampling_parameters)
     try:
-        for _ in range(3):
-            response = await client.chat.completions.create(
-                model=llm.model,
-                messages=cast("list[ChatCompletionMessageParam]", messages),
-                tools=[cast("ChatCompletionToolParam", CALCULATOR)],
-                max_tokens=40,
-                **sampling,
-            )
-            message = response.choices[0].message
-            if not message.tool_calls:
-                reply = message.content or ""
-                break
-            messages.append(message.model_dump(exclude_none=True))
-            for call in message.tool_calls:
-                try:
-                    expression = str(json.loads(call.function.arguments or "{}").get("expression", ""))  # type: ignore[union-attr]
-                except json.JSONDecodeError:
-                    expression = ""
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(expression)})
+        reply = await solve(client, llm.model, task["question"], sampling)
     finally:
         await client.close()
-    value = final_number(reply)
-    return 1.0 if value is not None and abs(value - task["answer"]) < 1e-6 else 0.0
+    return score(reply, task["answer"])

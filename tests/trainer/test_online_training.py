@@ -25,6 +25,7 @@ from agl.cli import app
 from agl.engines.builtin.server import EngineServer
 from agl.errors import ConfigError
 from agl.gateway import Gateway, GatewayConfig, UpstreamConfig
+from agl.gateway.online import session_rollout_id
 from agl.models import tiny_model
 from agl.store import SqliteLightningStore, open_store
 from agl.trainer.online import OnlineSettings, gate, rollback, run_round, run_schedule, served_version
@@ -139,6 +140,7 @@ def test_online_rounds_train_on_rewarded_traffic_gate_publish_and_roll_back(
     assert second["counts"]["rewarded_new"] == 3 and second["counts"]["stale"] == 1
     assert second["counts"]["trained_rollouts"] == 2 and second["counts"]["unrewarded"] == 0
     assert any(why.startswith("stale: recorded under v0") for why in second["skipped"].values())
+    assert second["trained"] == sorted([session_rollout_id("e"), session_rollout_id("f")])  # d was stale
 
     # nothing new: a round reads past the watermark only
     third = run_round(config, settings)
