@@ -122,8 +122,8 @@ def client(args: argparse.Namespace) -> None:
                 extra_headers={"x-agl-session-id": session},
             )
             reward: float | None = score(reply, task["answer"])
-        except openai.OpenAIError as exc:
-            reply, reward = f"error: {exc}", None
+        except Exception as exc:  # noqa: BLE001 (production goes on; the user never rewards a failed session)
+            reply, reward = f"error: {type(exc).__name__}: {exc}", None
         row = {
             "session": session,
             "question": task["question"],
@@ -289,6 +289,8 @@ def account(args: argparse.Namespace, rounds: list[dict[str, Any]], store_url: s
                 reward = final_reward(await rollout_spans(store, rid)) if rollout is not None else None
                 if rollout is None:
                     kind = "lost"
+                elif row["reward"] is None:
+                    kind = "agent error, never rewarded" if reward is None else "reward without a post"
                 elif verdict == "posted":
                     kind = (
                         "trained"

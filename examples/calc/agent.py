@@ -56,6 +56,15 @@ def final_number(text: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
+def expression_of(call: Any) -> str:
+    """The ``expression`` argument of a tool call; "" when the model wrote something else (bad JSON, a number)."""
+    try:
+        arguments = json.loads(call.function.arguments or "{}")
+    except json.JSONDecodeError:
+        return ""
+    return str(arguments.get("expression", "")) if isinstance(arguments, dict) else ""
+
+
 async def solve(
     client: openai.AsyncOpenAI, model: str, question: str, sampling: dict[str, Any], **request: Any
 ) -> str:
@@ -78,11 +87,9 @@ async def solve(
             return message.content or ""
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls:
-            try:
-                expression = str(json.loads(call.function.arguments or "{}").get("expression", ""))  # type: ignore[union-attr]
-            except json.JSONDecodeError:
-                expression = ""
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(expression)})
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": calculate(expression_of(call))}
+            )
     return ""
 
 

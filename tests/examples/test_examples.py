@@ -88,3 +88,15 @@ def test_examples_use_only_public_agl_names() -> None:
         for name in _private_uses(path)
     }
     assert not used, f"examples reach into private agl names: {sorted(used)}"
+
+
+def test_calc_agent_reads_only_an_expression_object_from_a_tool_call() -> None:
+    from types import SimpleNamespace
+
+    from examples.calc.agent import expression_of
+
+    def call(arguments: str) -> SimpleNamespace:
+        return SimpleNamespace(function=SimpleNamespace(arguments=arguments))
+
+    assert expression_of(call('{"expression": "3 * 4"}')) == "3 * 4"
+    assert expression_of(call("5")) == expression_of(call("[1]")) == expression_of(call("{oops")) == ""
