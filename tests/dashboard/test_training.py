@@ -133,7 +133,7 @@ def test_a_rollout_s_calls_samples_and_token_strip(http: httpx.Client, trained: 
     skipped_id = get(http, f"groups/{flat['group_id']}")["rollouts"][0]["rollout_id"]
     skipped = get(http, f"rollouts/{skipped_id}/training")
     assert all(not c["trained"] and "zero-variance" in c["reason"] for c in skipped["calls"])
-    only = get(http, f"rollouts/{rollout_id}/training", agent="writer")
+    only = get(http, f"rollouts/{rollout_id}/training", agents="writer")
     assert all(c["reason"].startswith("agent filtered out") for c in only["calls"])
     long = get(http, f"rollouts/{rollout_id}/training", max_sample_tokens=5)
     assert long["samples"][0]["reason"].startswith("overlong") and not long["calls"][0]["trained"]

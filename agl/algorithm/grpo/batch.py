@@ -1,7 +1,8 @@
 """A GRPO step's batch: rollouts and their spans to samples with group-relative advantages.
 
 Groups are (task group, agent): with several agents in one rollout, each agent's calls are compared
-with the same agent's calls in the other rollouts of the task. Credit is either the rollout's final
+with the same agent's calls in the other rollouts of the task (``GRPOConfig.agents`` keeps only the named
+agents' calls; with several, each sample carries its agent, whose LoRA adapter alone it trains). Credit is either the rollout's final
 reward (every token of a rollout's agent shares one advantage) or per call: each call's return is
 the final reward plus ``call_reward_weight`` times the reward emitted for that call, normalised over
 the calls of its group, and the tokens of each call's completion carry that call's advantage.
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agl.adapter import MergeReport, Sample, call_rewards, final_reward, llm_calls, to_samples
-from agl.adapter.calls import call_agents, filter_calls
+from agl.adapter.calls import call_agents, calls_by_agent
 from agl.adapter.thinking import mask_thinking
 from agl.algorithm.grpo.advantages import group_advantages
 from agl.errors import ConfigError
-from agl.schemas import LLMCall, Rollout, RolloutStatus, Span
+from agl.schemas import Rollout, RolloutStatus, Span
 
 if TYPE_CHECKING:
     from agl.algorithm.grpo.config import GRPOConfig
@@ -36,6 +37,13 @@ class StepBatch:
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the advantage of a rollout that trained nothing but had one (an overlong sample's), by rollout id
     would: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: each sample's agent (None: unnamed), aligned with ``samples``; with several ``GRPOConfig.agents``
+    #: a sample trains that agent's adapter only
+    agents: list[str | None] = dataclasses.field(default_factory=list)
+    #: of ``GRPOConfig.agents``, those that made no call in the batch's succeeded rollouts, and then the
+    #: agents those rollouts' calls came from ("" for calls no agent name reaches)
+    unseen_agents: tuple[str, ...] = ()
+    called_agents: tuple[str, ...] = ()
 
 
 @dataclass
@@ -52,17 +60,9 @@ class _Unit:
 def _agent_units(
     rid: str, n: int, group: str, reward: float, spans: list[Span], config: GRPOConfig, report: MergeReport
 ) -> list[_Unit]:
-    calls = llm_calls(spans)
-    by_agent: dict[str | None, list[LLMCall]] = defaultdict(list)
-    if config.agent is not None:
-        chosen = filter_calls(calls, config.agent, spans)
-        if chosen:
-            by_agent[config.agent] = chosen
-    else:
-        for call, agent in zip(calls, call_agents(calls, spans), strict=True):
-            by_agent[agent].append(call)
-        if not by_agent:
-            by_agent[None] = []  # a rollout without calls still counts in its group's statistics
+    by_agent = calls_by_agent(llm_calls(spans), spans, config.agents)
+    if not by_agent and not config.agents:
+        by_agent[None] = []  # a rollout without calls still counts in its group's statistics
     units = []
     per_call = call_rewards(spans)
     scope = group if config.baseline == "group" else ""
@@ -178,6 +178,7 @@ def build_batch(
     samples: list[Sample] = []
     advs: list[float] = []
     index: list[int] = []
+    agents: list[str | None] = []
     too_long = 0
     kept = {r.rollout_id for r in ok}
     reasons: dict[str, str] = {
@@ -188,7 +189,7 @@ def build_batch(
     with_units = {u.rollout for u in units}
     for n, r in enumerate(ok):
         if n not in with_units:  # an agent filter found none of its calls here
-            reasons[r.rollout_id] = f"no call of agent {config.agent!r}"
+            reasons[r.rollout_id] = f"no call of agent {' or '.join(map(repr, config.agents))}"
     would: dict[str, float] = {}
     for u, adv in zip(units, unit_adv, strict=True):
         rid = ok[u.rollout].rollout_id
@@ -208,6 +209,7 @@ def build_batch(
             samples.append(s)
             advs.append(adv if s.token_advantages is None else _sample_advantage(s))
             index.append(u.rollout)
+            agents.append(u.key[1])
     reward_values = list(rewards.values())
     mean = sum(reward_values) / len(reward_values) if reward_values else 0.0
     std = (sum((r - mean) ** 2 for r in reward_values) / len(reward_values)) ** 0.5 if reward_values else 0.0
@@ -236,9 +238,17 @@ def build_batch(
     }
     if not config.train_thinking:
         metrics["thinking_tokens_masked"] = float(thinking_masked)
+    seen = {u.key[1] for u in units}
+    for agent in config.agents if len(config.agents) > 1 else ():
+        metrics[f"samples_{agent}"] = float(sum(a == agent for a in agents))
     trained = {s.rollout_id for s in samples}
     reasons = {rid: why for rid, why in reasons.items() if rid not in trained}
-    return StepBatch(samples, advs, index, metrics, reasons, would)
+    unseen = tuple(a for a in config.agents if a not in seen)
+    called: set[str] = set()
+    for r in ok if unseen else ():
+        calls = llm_calls(spans[r.rollout_id])
+        called.update(name or "" for name in call_agents(calls, spans[r.rollout_id]))
+    return StepBatch(samples, advs, index, metrics, reasons, would, agents, unseen, tuple(sorted(called)))
 
 
 def _no_sample_reason(spans: list[Span]) -> str:
