@@ -81,7 +81,8 @@ def choose_settings(members: Sequence[Rollout], asked: Settings | None) -> tuple
 
 def _calls_by_agent(spans: list[Span], settings: Settings) -> dict[str | None, list[LLMCall]]:
     """The rollout's calls as GRPO splits them into units (one per agent), in call order."""
-    return calls_by_agent(llm_calls(spans), spans, settings.agents)
+    agents = settings.agents
+    return calls_by_agent(llm_calls(spans), spans, agents, own_model=len(agents) > 1)
 
 
 def _flat_keys(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], settings: Settings) -> set[Any]:
@@ -289,7 +290,9 @@ def analyse_rollout(
             ),
             "sample": where.get(call.span_id, (None, None))[0],
         }
-        if call.span_id not in in_unit:
+        if call.span_id not in in_unit and row["agent"] in settings.agents:
+            row["reason"] = "answered by the base model, not its agent's LoRA adapter"
+        elif call.span_id not in in_unit:
             row["reason"] = f"agent filtered out: GRPO trains agent {_names(settings)} only"
         elif (why := untrainable_reason(call)) is not None:
             row["reason"] = UNTRAINABLE[why]

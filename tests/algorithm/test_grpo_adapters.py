@@ -41,15 +41,23 @@ def _rollout(rid: str, group: str) -> Rollout:
     )
 
 
-def _team_spans(checker_reward: bool = True) -> tuple[list[Rollout], dict[str, list[Span]]]:
-    """Two rollouts of one task: a solver call and a checker call each, rewards 1 and 0."""
+def _served(agent: str, model: str | None = None) -> dict[str, Any]:
+    """A gateway call's attributes: its agent, and the model that answered (the agent's adapter)."""
+    return {sc.AGENT_NAME: agent, sc.LLM_MODEL: model or agent}
+
+
+def _team_spans(scoped_solver: bool = False) -> tuple[list[Rollout], dict[str, list[Span]]]:
+    """Two rollouts of one task: a solver call and a checker call each, rewards 1 and 0. With
+    ``scoped_solver`` the second rollout's solver call also ran under ``agl.agent_scope``, so the base
+    model (``policy``) answered it."""
     spans: dict[str, list[Span]] = {}
     for rid, reward in (("t1", 1.0), ("t2", 0.0)):
         m = SpanMaker(rollout_id=rid)
+        base = scoped_solver and not reward
         spans[rid] = [
-            m.call([11, 12, 13], [20 + int(reward), 30], attrs={sc.AGENT_NAME: "solver"}),
-            m.call([14, 15], [40, 41 + int(reward)], attrs={sc.AGENT_NAME: "checker"}),
-            m.call([16], [50], attrs={sc.AGENT_NAME: "other"}),  # an agent no adapter trains
+            m.call([11, 12, 13], [20 + int(reward), 30], attrs=_served("solver", "policy" if base else None)),
+            m.call([14, 15], [40, 41 + int(reward)], attrs=_served("checker", "checker@v3")),  # vLLM's name
+            m.call([16], [50], attrs=_served("other", "policy")),  # an agent no adapter trains
             m.reward(reward),
         ]
     return [_rollout(r, "g") for r in spans], spans
@@ -85,7 +93,19 @@ def test_the_batch_groups_and_tags_samples_per_agent() -> None:
     ]
     assert batch.metrics["groups"] == 2 and batch.metrics["samples_solver"] == 2
     assert batch.advantages == pytest.approx([1.0, 1.0, -1.0, -1.0], abs=1e-4)  # the rollout's reward
-    assert batch.unseen_agents == ()
+    assert batch.unseen_agents == () and batch.metrics["calls_off_adapter"] == 0
+
+
+def test_a_call_the_base_answered_does_not_train_an_adapter(caplog: pytest.LogCaptureFixture) -> None:
+    """A call tagged as the solver's only after it ran reached the base: its log-probs are not the
+    adapter's, so it leaves the solver's group (and the step says so)."""
+    rollouts, spans = _team_spans(scoped_solver=True)
+    batch = build_batch(rollouts, spans, GRPOConfig(model_path="m", group_size=2, agents=AGENTS, lora_rank=4))
+    assert batch.agents == ["checker", "checker"] and batch.metrics["calls_off_adapter"] == 1
+    assert batch.metrics["zero_variance_groups"] == 1  # the solver's group holds one rollout now
+    with caplog.at_level(logging.WARNING, logger="agl.algorithm.grpo.agents"):
+        check_agents_called(batch, AGENTS, 1)
+    assert "1 calls of GRPOConfig.agents 'solver', 'checker' in step 1 reached the base model" in caplog.text
 
 
 def test_an_agent_that_never_calls_is_reported(caplog: pytest.LogCaptureFixture) -> None:

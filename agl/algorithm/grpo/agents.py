@@ -62,7 +62,17 @@ def merge_rows(rows: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
 
 def check_agents_called(batch: StepBatch, agents: Sequence[str], step: int) -> None:
     """At the first step: none of ``agents`` made a call while the rollouts made some is a ConfigError
-    (a misnamed agent trains nothing); some of them silent is a warning."""
+    (a misnamed agent trains nothing); some of them silent, or calls their adapter never saw, a warning."""
+    off = batch.metrics.get("calls_off_adapter", 0.0)
+    if off:
+        log.warning(
+            "%d calls of GRPOConfig.agents %s in step %d reached the base model, not their agent's adapter "
+            "(agl.agent_scope or a span's name tags a call only after it ran): they do not train; send "
+            "each agent's calls through llm.endpoint_for(name) or with the x-agl-agent header",
+            int(off),
+            ", ".join(map(repr, agents)),
+            step,
+        )
     if not batch.unseen_agents or not batch.called_agents:
         return
     seen = ", ".join(repr(a) if a else "(no agent name)" for a in batch.called_agents)

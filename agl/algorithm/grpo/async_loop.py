@@ -153,7 +153,8 @@ def drop_stale(
         own = spans.get(rollout.rollout_id, [])
         calls = llm_calls(own)
         if agents:
-            calls = [c for mine in calls_by_agent(calls, own, agents).values() for c in mine]
+            by_agent = calls_by_agent(calls, own, agents, own_model=len(agents) > 1)
+            calls = [c for mine in by_agent.values() for c in mine]
         trains = rollout.status == RolloutStatus.SUCCEEDED or rollout.rollout_id in zeroed
         if not trains or not calls:
             kept.append(rollout)  # nothing to train on: build_batch counts and drops it

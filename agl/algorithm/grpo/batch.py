@@ -21,7 +21,7 @@ from agl.adapter.calls import call_agents, calls_by_agent
 from agl.adapter.thinking import mask_thinking
 from agl.algorithm.grpo.advantages import group_advantages
 from agl.errors import ConfigError
-from agl.schemas import Rollout, RolloutStatus, Span
+from agl.schemas import LLMCall, Rollout, RolloutStatus, Span
 
 if TYPE_CHECKING:
     from agl.algorithm.grpo.config import GRPOConfig
@@ -59,8 +59,13 @@ class _Unit:
 
 def _agent_units(
     rid: str, n: int, group: str, reward: float, spans: list[Span], config: GRPOConfig, report: MergeReport
-) -> list[_Unit]:
-    by_agent = calls_by_agent(llm_calls(spans), spans, config.agents)
+) -> tuple[list[_Unit], dict[str | None, list[LLMCall]], int]:
+    """The rollout's units, every named agent's calls, and how many of those no adapter of theirs answered
+    (with several agents only a call its agent's adapter answered trains: see ``calls_by_agent``)."""
+    calls = llm_calls(spans)
+    called = calls_by_agent(calls, spans, config.agents)
+    by_agent = calls_by_agent(calls, spans, config.agents, own_model=len(config.agents) > 1)
+    off = sum(map(len, called.values())) - sum(map(len, by_agent.values()))
     if not by_agent and not config.agents:
         by_agent[None] = []  # a rollout without calls still counts in its group's statistics
     units = []
@@ -70,7 +75,7 @@ def _agent_units(
         made, rep = to_samples(own, reward, level=config.level, call_rewards=per_call, group_id=group)
         report.add(rep)
         units.append(_Unit(n, (scope, agent), made, reward))
-    return units
+    return units, called, off
 
 
 def _mask_thinking(units: list[_Unit], config: GRPOConfig) -> int:
@@ -165,10 +170,15 @@ def build_batch(
     report = MergeReport()
     units: list[_Unit] = []
     per_call: dict[int, dict[str, float]] = {}
+    seen: set[str | None] = set()
+    off_adapter = 0
     for n, r in enumerate(ok):
         rid = r.rollout_id
         per_call[n] = call_rewards(spans[rid])
-        units += _agent_units(rid, n, r.group_id or rid, rewards[rid], spans[rid], config, report)
+        made, called, off = _agent_units(rid, n, r.group_id or rid, rewards[rid], spans[rid], config, report)
+        units += made
+        seen.update(called)
+        off_adapter += off
     thinking_masked = _mask_thinking(units, config)
     if config.credit == "per_call":
         flat = _per_call_credit(units, per_call, config)
@@ -189,7 +199,8 @@ def build_batch(
     with_units = {u.rollout for u in units}
     for n, r in enumerate(ok):
         if n not in with_units:  # an agent filter found none of its calls here
-            reasons[r.rollout_id] = f"no call of agent {' or '.join(map(repr, config.agents))}"
+            served = " that its adapter answered" if len(config.agents) > 1 else ""
+            reasons[r.rollout_id] = f"no call of agent {' or '.join(map(repr, config.agents))}{served}"
     would: dict[str, float] = {}
     for u, adv in zip(units, unit_adv, strict=True):
         rid = ok[u.rollout].rollout_id
@@ -238,17 +249,18 @@ def build_batch(
     }
     if not config.train_thinking:
         metrics["thinking_tokens_masked"] = float(thinking_masked)
-    seen = {u.key[1] for u in units}
     for agent in config.agents if len(config.agents) > 1 else ():
         metrics[f"samples_{agent}"] = float(sum(a == agent for a in agents))
+    if len(config.agents) > 1:  # calls the base model answered: tagged after they ran (agl.agent_scope)
+        metrics["calls_off_adapter"] = float(off_adapter)
     trained = {s.rollout_id for s in samples}
     reasons = {rid: why for rid, why in reasons.items() if rid not in trained}
     unseen = tuple(a for a in config.agents if a not in seen)
-    called: set[str] = set()
+    names: set[str] = set()
     for r in ok if unseen else ():
         calls = llm_calls(spans[r.rollout_id])
-        called.update(name or "" for name in call_agents(calls, spans[r.rollout_id]))
-    return StepBatch(samples, advs, index, metrics, reasons, would, agents, unseen, tuple(sorted(called)))
+        names.update(name or "" for name in call_agents(calls, spans[r.rollout_id]))
+    return StepBatch(samples, advs, index, metrics, reasons, would, agents, unseen, tuple(sorted(names)))
 
 
 def _no_sample_reason(spans: list[Span]) -> str:
