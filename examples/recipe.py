@@ -29,10 +29,14 @@ def recipe_args(
     sft_steps: int = 12,
     test: int = 64,
     argv: Sequence[str] | None = None,
+    options: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> argparse.Namespace:
-    """The recipes' common options; ``--model tiny`` shrinks every default to a smoke run. With ``--seeds``
-    it runs ``examples.<name>.train`` once per seed (:func:`run_seeds`) and exits."""
+    """The recipes' common options (and a recipe's own, which ``options`` adds to the parser); ``--model
+    tiny`` shrinks every default to a smoke run. With ``--seeds`` it runs ``examples.<name>.train`` once
+    per seed (:func:`run_seeds`) and exits."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if options is not None:
+        options(parser)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     add_seed_options(parser)
     parser.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default: {steps}; tiny: 1)")
@@ -96,7 +100,7 @@ class Recipe:
     warm_start: list[list[dict[str, Any]]]
     tools: list[dict[str, Any]] | None = None
     metric: str = "accuracy"
-    grpo: dict[str, Any] = field(default_factory=dict)  # extra GRPOConfig fields (e.g. agent=...)
+    grpo: dict[str, Any] = field(default_factory=dict)  # extra GRPOConfig fields (e.g. agents=(...))
     report: Callable[[Path, int], dict[str, Any]] | None = None  # extra summary fields from the run's store
 
 
