@@ -206,7 +206,8 @@ class GRPOConfig:
         agents = self.agents
         if isinstance(agents, str) or not isinstance(agents, tuple | list):
             raise ConfigError(
-                f"GRPOConfig.agents must be a tuple of agent names such as ('solver',), got {agents!r}"
+                f"GRPOConfig.agents must be a tuple of agent names such as ('solver',) (in a run file "
+                f"[solver, checker]), got {agents!r}"
             )
         if not all(isinstance(a, str) and a.strip() and "/" not in a for a in agents):
             raise ConfigError(
