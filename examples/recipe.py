@@ -52,6 +52,9 @@ def recipe_args(
         "--lr", type=float, default=None, help="GRPO learning rate (default: 2e-5; tiny: 1e-4)"
     )
     parser.add_argument(
+        "--sft-lr", type=float, default=None, help="warm-start learning rate (default: 2e-5; tiny: 1e-4)"
+    )
+    parser.add_argument(
         "--temperature", type=float, default=0.7, help="sampling temperature of training rollouts"
     )
     parser.add_argument(
@@ -81,7 +84,7 @@ def recipe_args(
     args.test = args.test if args.test is not None else (4 if tiny else test)
     args.tasks_per_step = args.tasks_per_step or (2 if tiny else 6)
     args.lr = args.lr or (1e-4 if tiny else 2e-5)
-    args.sft_lr = 1e-4 if tiny else 2e-5
+    args.sft_lr = args.sft_lr or (1e-4 if tiny else 2e-5)
     args.out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("agl.algorithm.grpo").setLevel(logging.INFO)  # phase results and warm-start losses

@@ -3,13 +3,18 @@ or both agents at once, each with its own LoRA adapter on one base model.
 
     python -m examples.multi_agent.train                 # SmolLM2: base, SFT warm start, GRPO on the solver
     python -m examples.multi_agent.train --model tiny    # a fast smoke run of the whole loop
-    python -m examples.multi_agent.train --agents solver,checker              # a LoRA adapter per agent
-    python -m examples.multi_agent.train --agents solver --lora-rank 16       # the solver alone, as LoRA
+    python -m examples.multi_agent.train --agents solver,checker --lr 1e-4 --sft-lr 2e-4 --out results/team
+    python -m examples.multi_agent.train --agents solver --lora-rank 16 --lr 1e-4 --sft-lr 2e-4 --out results/solo
+
+The last two compare the team (a LoRA adapter per agent) with the solver alone (the same LoRA).
 
 By default only the solver's calls are trained (``GRPOConfig(agents=("solver",))``); the checker is the same
 model, called through its own agent endpoint, and its calls never enter a batch. With ``--agents
 solver,checker`` each agent gets a LoRA adapter (``--lora-rank``, default 16) that learns from its own calls
 only and serves them through its agent endpoint; the warm start's solver traces train the solver's adapter.
+LoRA moves less per step than full fine-tuning at one learning rate, so the LoRA runs above take larger
+ones (untuned); compare the team against the solver-alone LoRA run, which differs only
+in the checker's adapter.
 The summary counts each agent's recorded and trainable calls from the run's store. Reports the team's
 held-out accuracy at each phase, with ``curve.png`` and ``summary.json`` under ``--out`` (default
 ``results/multi_agent[-tiny]``).
