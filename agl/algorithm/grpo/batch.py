@@ -64,7 +64,9 @@ def _agent_units(
     (with several agents only a call its agent's adapter answered trains: see ``calls_by_agent``)."""
     calls = llm_calls(spans)
     called = calls_by_agent(calls, spans, config.agents)
-    by_agent = calls_by_agent(calls, spans, config.agents, own_model=len(config.agents) > 1)
+    by_agent = dict(called)
+    if len(config.agents) > 1:
+        by_agent = calls_by_agent(calls, spans, config.agents, own_model=True)
     off = sum(map(len, called.values())) - sum(map(len, by_agent.values()))
     if not by_agent and not config.agents:
         by_agent[None] = []  # a rollout without calls still counts in its group's statistics
