@@ -189,12 +189,14 @@ _AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 @contextlib.contextmanager
 def agent_scope(name: str) -> Iterator[None]:
     """Mark the code inside as agent ``name`` (``with agl.agent_scope("writer"): ...``), for
-    ``GRPOConfig(agent=...)`` and per-agent groups.
+    ``GRPOConfig(agents=...)`` and per-agent groups.
 
     Spans and emitters inside carry the name; openai calls inside are traced (the openai instrumentor
     is switched on once), and the gateway's record of each call takes the agent of the traced call
     with the same response id. Without the instrumentor, give the agent its own gateway endpoint
     instead: ``llm.endpoint_for("writer")``. Scopes nest (the innermost wins) and follow asyncio tasks.
+    With a LoRA adapter per agent (several ``GRPOConfig.agents``) use the endpoint: a scope names a call
+    only after it ran, so the base model, not the agent's adapter, answered it.
     """
     if not isinstance(name, str) or not _AGENT_NAME.fullmatch(name):
         raise AgentError(

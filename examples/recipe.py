@@ -29,10 +29,14 @@ def recipe_args(
     sft_steps: int = 12,
     test: int = 64,
     argv: Sequence[str] | None = None,
+    options: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> argparse.Namespace:
-    """The recipes' common options; ``--model tiny`` shrinks every default to a smoke run. With ``--seeds``
-    it runs ``examples.<name>.train`` once per seed (:func:`run_seeds`) and exits."""
+    """The recipes' common options (and a recipe's own, which ``options`` adds to the parser); ``--model
+    tiny`` shrinks every default to a smoke run. With ``--seeds`` it runs ``examples.<name>.train`` once
+    per seed (:func:`run_seeds`) and exits."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if options is not None:
+        options(parser)
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     add_seed_options(parser)
     parser.add_argument("--steps", type=int, default=None, help=f"GRPO steps (default: {steps}; tiny: 1)")
@@ -46,6 +50,9 @@ def recipe_args(
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per task in a GRPO group")
     parser.add_argument(
         "--lr", type=float, default=None, help="GRPO learning rate (default: 2e-5; tiny: 1e-4)"
+    )
+    parser.add_argument(
+        "--sft-lr", type=float, default=None, help="warm-start learning rate (default: 2e-5; tiny: 1e-4)"
     )
     parser.add_argument(
         "--temperature", type=float, default=0.7, help="sampling temperature of training rollouts"
@@ -77,7 +84,7 @@ def recipe_args(
     args.test = args.test if args.test is not None else (4 if tiny else test)
     args.tasks_per_step = args.tasks_per_step or (2 if tiny else 6)
     args.lr = args.lr or (1e-4 if tiny else 2e-5)
-    args.sft_lr = 1e-4 if tiny else 2e-5
+    args.sft_lr = args.sft_lr or (1e-4 if tiny else 2e-5)
     args.out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("agl.algorithm.grpo").setLevel(logging.INFO)  # phase results and warm-start losses
@@ -96,7 +103,7 @@ class Recipe:
     warm_start: list[list[dict[str, Any]]]
     tools: list[dict[str, Any]] | None = None
     metric: str = "accuracy"
-    grpo: dict[str, Any] = field(default_factory=dict)  # extra GRPOConfig fields (e.g. agent=...)
+    grpo: dict[str, Any] = field(default_factory=dict)  # extra GRPOConfig fields (e.g. agents=(...))
     report: Callable[[Path, int], dict[str, Any]] | None = None  # extra summary fields from the run's store
 
 

@@ -164,3 +164,36 @@ def filter_calls(
         for c, name in zip(calls, call_agents(calls, spans), strict=True)
         if matches(name) or any(matches(p.name) for p in tree.ancestors(c))
     ]
+
+
+def answered_by(call: LLMCall, model: str) -> bool:
+    """Whether ``model`` answered ``call``: the recorded model is ``model``, or vLLM's ``model@version``."""
+    answered = call.model or ""
+    return answered == model or answered.startswith(f"{model}@")
+
+
+def calls_by_agent(
+    calls: Sequence[LLMCall], spans: Iterable[Span], agents: Sequence[str] = (), *, own_model: bool = False
+) -> dict[str | None, list[LLMCall]]:
+    """A rollout's calls by agent, in call order: every call under its own agent (None: unnamed) when
+    ``agents`` is empty, else only the calls of the named agents (as :func:`filter_calls` finds them;
+    a call both name-tagged and under a span named for another agent goes to its tag's agent).
+
+    ``own_model``: only the calls each agent's own model (named like the agent: its LoRA adapter)
+    answered; a call tagged after it ran (``agl.agent_scope``, a span's name) reached another model.
+    """
+    spans = list(spans)
+    names = call_agents(calls, spans)
+    out: dict[str | None, list[LLMCall]] = {}
+    if not agents:
+        for call, name in zip(calls, names, strict=True):
+            out.setdefault(name, []).append(call)
+        return out
+    tree = _Tree(spans)
+    for call, name in zip(calls, names, strict=True):
+        owner = name if name in agents else None
+        if owner is None:
+            owner = next((p.name for p in tree.ancestors(call) if p.name in agents), None)
+        if owner is not None and (not own_model or answered_by(call, owner)):
+            out.setdefault(owner, []).append(call)
+    return {agent: out[agent] for agent in agents if agent in out}

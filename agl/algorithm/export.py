@@ -126,6 +126,23 @@ def _write_model(policy: Any, out: Path, base_path: str | None, info: dict[str, 
     (out / INFO_FILE).write_text(json.dumps({"base_model": base_path, **info}, indent=1, default=str))
 
 
+def _write_adapters(
+    policy: Any, out: Path, adapters: tuple[str, ...], base_path: str | None, info: dict[str, Any]
+) -> None:
+    """A policy with one LoRA adapter per agent: ``out/<agent>/``, the base with that adapter merged in."""
+    active = policy.adapter
+    try:
+        for name in adapters:
+            policy.use_adapter(name)
+            _write_model(policy, out / name, base_path, {**info, "adapter": name})
+    finally:
+        if active is not None:
+            policy.use_adapter(active)
+    (out / INFO_FILE).write_text(
+        json.dumps({"base_model": base_path, "adapters": list(adapters), **info}, indent=1, default=str)
+    )
+
+
 def export_policy(
     policy: Any,
     folder: str | Path,
@@ -137,7 +154,8 @@ def export_policy(
     """Write ``policy`` (an ``agl`` Policy: ``.model`` full or PEFT LoRA, ``.tokenizer``) to ``folder``.
 
     Args:
-        policy: the trained policy; LoRA is merged into the base weights of the written model.
+        policy: the trained policy; LoRA is merged into the base weights of the written model (with an
+            adapter per agent, one model per agent in ``folder/<agent>/``).
         folder: the target, replaced atomically when it exists.
         adapter_folder: also write the bare LoRA adapter (PEFT format) here; ignored for full fine-tuning.
         base_path: the model trained from, whose chat template and generation config fill gaps.
@@ -145,7 +163,15 @@ def export_policy(
     """
     policy = _unwrap(policy)
     started = time.perf_counter()
-    model_path = write_atomically(Path(folder), lambda out: _write_model(policy, out, base_path, info or {}))
+    adapters = tuple(getattr(getattr(policy, "config", None), "adapters", ()) or ())
+    if adapters:
+        model_path = write_atomically(
+            Path(folder), lambda out: _write_adapters(policy, out, adapters, base_path, info or {})
+        )
+    else:
+        model_path = write_atomically(
+            Path(folder), lambda out: _write_model(policy, out, base_path, info or {})
+        )
     adapter_path = None
     if adapter_folder is not None and _is_peft(policy.model):
 

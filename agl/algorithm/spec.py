@@ -104,7 +104,8 @@ class ModelSpec:
         device: where the algorithm trains the model (``"cpu"``, ``"cuda"``, ``"cuda:1"``); the engine's
             placement is ``Trainer(serving=agl.Serving(engine=...))``'s.
         adapters: one LoRA adapter per agent on the shared base: agent name -> :class:`AdapterSpec`
-            (each with its own rank, so ``lora_rank`` stays 0). Declared here; fit does not serve it yet.
+            (each with its own rank, so ``lora_rank`` stays 0). fit serves each under its name, and the
+            gateway sends an agent's calls to the policy through its agent endpoint to its adapter.
         teacher: a frozen model fit serves alongside, behind the same gateway (:class:`TeacherSpec`).
     """
 

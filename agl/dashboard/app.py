@@ -93,7 +93,7 @@ def _settings(request: Request) -> training.Settings | None:
     """The settings the page asks the training views for (a what-if), or None: the run's recorded
     settings, or GRPOConfig's defaults for a store without a training record."""
     q = request.query_params
-    if not any(q.get(name) for name in ("level", "scale_by_std", "max_sample_tokens", "agent")):
+    if not any(q.get(name) for name in ("level", "scale_by_std", "max_sample_tokens", "agents")):
         return None
     level = q.get("level") or "trajectory"
     if level not in ("trajectory", "transition"):
@@ -105,7 +105,7 @@ def _settings(request: Request) -> training.Settings | None:
         level=level,  # type: ignore[arg-type]
         scale_by_std=scale == "true",
         max_sample_tokens=_int(request, "max_sample_tokens", 2048, 1, 10_000_000),
-        agent=q.get("agent") or None,
+        agents=tuple(a for a in (q.get("agents") or "").split(",") if a),
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from agl import semconv as sc
 from agl.adapter import call_rewards, final_reward, llm_calls, to_samples
-from agl.adapter.calls import call_agents, filter_calls
+from agl.adapter.calls import call_agents, calls_by_agent
 from agl.adapter.trajectory import UNTRAINABLE, classify_mismatch, untrainable_reason
 from agl.schemas import LLMCall, ModelWeights, ResourcesVersion, Rollout, RolloutStatus, Span
 
@@ -38,7 +38,7 @@ class Settings:
     level: Literal["trajectory", "transition"] = "trajectory"
     scale_by_std: bool | str = True
     max_sample_tokens: int = 2048
-    agent: str | None = None
+    agents: tuple[str, ...] = ()
     baseline: str = "group"
     credit: str = "final"
     call_reward_weight: float = 1.0
@@ -47,12 +47,17 @@ class Settings:
     def recorded(cls, record: dict[str, Any]) -> Settings:
         """The settings a step recorded (fields this version does not know are left out)."""
         known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in (record.get("settings") or {}).items() if k in known})
+        given = dict(record.get("settings") or {})
+        if given.get("agent") is not None:  # a record written before GRPOConfig.agents
+            given.setdefault("agents", [given["agent"]])
+        found = {k: v for k, v in given.items() if k in known}
+        return cls(**{**found, "agents": tuple(found.get("agents") or ())})
 
     def config(self) -> Any:
         from agl.algorithm.grpo import GRPOConfig
 
-        return GRPOConfig(model_path="-", **self.__dict__)
+        # several agents train one LoRA adapter each; the rank changes no sample and no advantage
+        return GRPOConfig(model_path="-", lora_rank=int(len(self.agents) > 1), **self.__dict__)
 
 
 Source = Literal["record", "simulated", "what_if"]
@@ -76,14 +81,8 @@ def choose_settings(members: Sequence[Rollout], asked: Settings | None) -> tuple
 
 def _calls_by_agent(spans: list[Span], settings: Settings) -> dict[str | None, list[LLMCall]]:
     """The rollout's calls as GRPO splits them into units (one per agent), in call order."""
-    calls = llm_calls(spans)
-    if settings.agent is not None:
-        chosen = filter_calls(calls, settings.agent, spans)
-        return {settings.agent: chosen} if chosen else {}
-    by_agent: dict[str | None, list[LLMCall]] = defaultdict(list)
-    for call, agent in zip(calls, call_agents(calls, spans), strict=True):
-        by_agent[agent].append(call)
-    return dict(by_agent)
+    agents = settings.agents
+    return calls_by_agent(llm_calls(spans), spans, agents, own_model=len(agents) > 1)
 
 
 def _flat_keys(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], settings: Settings) -> set[Any]:
@@ -95,13 +94,15 @@ def _flat_keys(rollouts: Sequence[Rollout], spans: dict[str, list[Span]], settin
     for r in rollouts:
         if r.status != RolloutStatus.SUCCEEDED:
             continue
-        agents = list(_calls_by_agent(spans[r.rollout_id], settings)) or (
-            [None] if settings.agent is None else []
-        )
+        agents = list(_calls_by_agent(spans[r.rollout_id], settings)) or ([] if settings.agents else [None])
         for agent in agents:
             rewards.append(final_reward(spans[r.rollout_id]) or 0.0)
             keys.append(repr((r.group_id or r.rollout_id, agent)))
     return zero_variance_groups(rewards, keys)
+
+
+def _names(settings: Settings) -> str:
+    return " or ".join(map(repr, settings.agents))
 
 
 def _key(rollout: Rollout, agent: str | None) -> str:
@@ -204,7 +205,7 @@ def _rollout_reason(rollout: Rollout, spans: list[Span], flat: set[Any], setting
         return f"rollout {rollout.status.value}: only succeeded rollouts are trained"
     units = _calls_by_agent(spans, settings)
     if not units:
-        return "no model calls" if settings.agent is None else f"no call of agent {settings.agent!r}"
+        return f"no call of agent {_names(settings)}" if settings.agents else "no model calls"
     if all(_key(rollout, agent) in flat for agent in units):
         return "zero-variance group: every rollout got the same reward"
     reasons = [untrainable_reason(c) for calls in units.values() for c in calls]
@@ -289,8 +290,10 @@ def analyse_rollout(
             ),
             "sample": where.get(call.span_id, (None, None))[0],
         }
-        if call.span_id not in in_unit:
-            row["reason"] = f"agent filtered out: GRPO trains agent {settings.agent!r} only"
+        if call.span_id not in in_unit and row["agent"] in settings.agents:
+            row["reason"] = "answered by the base model, not its agent's LoRA adapter"
+        elif call.span_id not in in_unit:
+            row["reason"] = f"agent filtered out: GRPO trains agent {_names(settings)} only"
         elif (why := untrainable_reason(call)) is not None:
             row["reason"] = UNTRAINABLE[why]
         else:

@@ -6,7 +6,10 @@ returns :class:`ServedEngines`: the gateway's upstreams plus ``sync``, which pus
 (the trainer's policy) after a step and returns the version the next responses carry. vLLM replicas get a
 LoRA hot-load when started with ``lora_rank > 0`` and a full restart on saved weights otherwise; the gateway
 is paused and drained around either, so each response's ``model_version`` names the weights that made it.
-Engines know nothing of the algorithm: the trainer passes the LoRA rank, the algorithm the weights.
+With ``adapters`` (one LoRA adapter per agent) vLLM serves each as a LoRA of its name (multi-LoRA) and the
+built-in engine starts one more engine per adapter, holding the base with that adapter merged in; the base
+keeps serving ``policy``. Engines know nothing of the algorithm: the trainer passes the LoRA rank, the
+algorithm the weights.
 """
 
 from __future__ import annotations
@@ -126,14 +129,18 @@ class LocalPlacer:
 
 
 class WeightSource(Protocol):
-    """New weights for the engines (the trainer's policy): full weights, or its LoRA adapter as a folder."""
+    """New weights for the engines (the trainer's policy): full weights, or its LoRA adapter as a folder.
 
-    def engine_weights(self) -> dict[str, Any]:
-        """The full state dict the engine loads (LoRA merged in)."""
+    Engines started with ``adapters`` (one LoRA adapter per agent) ask for each adapter by name.
+    """
+
+    def engine_weights(self, adapter: str | None = None) -> dict[str, Any]:
+        """The full state dict the engine loads (LoRA merged in; ``adapter``'s, when named)."""
         ...
 
-    def save_adapter(self, folder: Path) -> None:
-        """Write the LoRA adapter as a PEFT folder (vLLM hot-loads it); raises when there is none."""
+    def save_adapter(self, folder: Path, adapter: str | None = None) -> None:
+        """Write the LoRA adapter (``adapter``, when named) as a PEFT folder (vLLM hot-loads it); raises
+        when there is none."""
         ...
 
 
@@ -143,10 +150,15 @@ class StateDict:
     def __init__(self, state: Mapping[str, Any]) -> None:
         self.state = dict(state)
 
-    def engine_weights(self) -> dict[str, Any]:
+    def engine_weights(self, adapter: str | None = None) -> dict[str, Any]:
+        if adapter is not None:
+            raise ConfigError(
+                f"these engines serve LoRA adapters per agent and asked for {adapter!r}; bare weights have "
+                "none: push the policy itself (ctx.publish_policy(policy))"
+            )
         return self.state
 
-    def save_adapter(self, folder: Path) -> None:
+    def save_adapter(self, folder: Path, adapter: str | None = None) -> None:
         raise ConfigError(
             "these engines hot-load LoRA adapters (lora_rank > 0) and got bare weights: push the policy "
             "itself (ctx.publish_policy(policy)), or start the engines with lora_rank=0"
@@ -186,10 +198,27 @@ class ServedEngines:
 
 
 class _BuiltinEngines(ServedEngines):
+    """One built-in engine; with ``adapters``, one more per adapter, serving the base with that adapter
+    merged in under the adapter's name (the first serves the base alone, and any other model name)."""
+
+    def __init__(self, replicas: list[Any], upstreams: list[UpstreamConfig], adapters: list[str]) -> None:
+        super().__init__(replicas, upstreams)
+        self.adapters = adapters
+
     async def sync(self, source: WeightSource | Mapping[str, Any], gateway: Pausable | None = None) -> str:
         # the built-in engine swaps weights between batches and stamps versions itself: no pause needed
-        state = await run_compute(weight_source(source).engine_weights)
-        versions = await asyncio.gather(*(asyncio.to_thread(r.update_weights, state) for r in self.replicas))
+        source = weight_source(source)
+        if not self.adapters:
+            state = await run_compute(source.engine_weights)
+            versions = await asyncio.gather(
+                *(asyncio.to_thread(r.update_weights, state) for r in self.replicas)
+            )
+            return str(versions[0])
+        versions = []
+        for name, replica in zip(self.adapters, self.replicas[1:], strict=True):  # one merged copy at a time
+            state = await run_compute(source.engine_weights, name)
+            versions.append(await asyncio.to_thread(replica.update_weights, state))
+            del state
         return str(versions[0])
 
 
@@ -201,6 +230,7 @@ class _VllmEngines(ServedEngines):
         model_path: Path,
         work_dir: Path,
         lora: bool,
+        adapters: list[str] | None = None,
     ) -> None:
         # name: a Ray replica's URL#ray-node=ID, recorded as each call's backend
         upstreams = [
@@ -210,6 +240,7 @@ class _VllmEngines(ServedEngines):
         super().__init__(replicas, upstreams)
         self.spec, self.model_path, self.work_dir = spec, model_path, work_dir
         self.lora = lora
+        self.adapters = adapters or []  # one LoRA per agent, each served under its own name
         self.updates = 0
         self._previous: Path | None = None
 
@@ -219,7 +250,10 @@ class _VllmEngines(ServedEngines):
         version = f"v{self.updates}"
         lora = self.lora
         folder = self.work_dir / ("lora" if lora else "weights") / version
-        if lora:
+        if self.adapters:
+            for name in self.adapters:
+                await run_compute(source.save_adapter, folder / name, name)
+        elif lora:
             await run_compute(source.save_adapter, folder)
         else:
             state = await run_compute(source.engine_weights)
@@ -240,7 +274,13 @@ class _VllmEngines(ServedEngines):
         return version
 
     def _update(self, replica: VllmReplica, folder: Path, version: str) -> None:
-        if self.lora:
+        if self.adapters:  # the new adapters load beside the old, then requests switch to them at once
+            for name in self.adapters:
+                replica.load_lora(f"{name}@{version}", folder / name)
+            replica.set_model_version(version, {name: f"{name}@{version}" for name in self.adapters})
+            for name in self.adapters if self.updates > 1 else ():
+                replica.unload_lora(f"{name}@v{self.updates - 1}")
+        elif self.lora:
             adapter = f"{POLICY}@{version}"
             replica.load_lora(adapter, folder)
             replica.set_model_version(version, {POLICY: adapter})  # requests for policy now use it
@@ -283,25 +323,24 @@ async def start_engines(
     precision: str = "auto",
     work_dir: Path,
     placer: Placer | None = None,
+    adapters: Mapping[str, int] | None = None,
 ) -> ServedEngines:
     """Start the replicas ``spec`` names for ``model_path`` (in parallel) and return them running.
 
     ``lora_rank``: the rank of the LoRA adapters the trainer will push (0: full weights); vLLM replicas
     then hot-load adapters of up to that rank instead of restarting. ``precision``: the trained policy's,
     which the built-in engine takes unless its options set one (so sampling and training logprobs agree).
+    ``adapters``: one LoRA adapter per agent (name -> rank), each served under its name beside the base
+    (``policy``) and starting as the base: vLLM's multi-LoRA, or one built-in engine per adapter.
     """
     spec = spec or BuiltinEngine()
     placer = placer or LocalPlacer()
+    names = list(adapters or {})
     if isinstance(spec, BuiltinEngine):
-        engine_options = {"precision": precision, **spec.options}
-        replica = await run_compute(placer.builtin, model_path, engine_options)
-        key = spec.options.get("token")  # EngineServer(token=...): the gateway sends it upstream
-        name = getattr(replica, "backend_name", None)  # e.g. a Ray replica's URL#ray-node=ID
-        upstream = UpstreamConfig(url=replica.base_url, kind="agl", api_key=key, name=name)
-        return _BuiltinEngines([replica], [upstream])
+        return await _start_builtin(spec, model_path, precision, placer, names)
     if not isinstance(spec, VllmEngine):
         raise ConfigError(f"engine must be BuiltinEngine(...) or VllmEngine(...), got {type(spec).__name__}")
-    rank = lora_rank
+    rank = max(adapters.values()) if adapters else lora_rank
     max_rank = spec.max_lora_rank or next((r for r in _VLLM_LORA_RANKS if r >= rank), rank)
     if rank > max_rank:
         raise ConfigError(f"the policy's lora_rank={rank} exceeds VllmEngine.max_lora_rank={max_rank}")
@@ -315,7 +354,7 @@ async def start_engines(
         "kv_cache_gib": spec.kv_cache_gib,
         "enable_lora": rank > 0,
         "max_lora_rank": max_rank,
-        "max_loras": 2,  # the new adapter loads before the old one is dropped
+        "max_loras": 2 * max(1, len(names)),  # each new adapter loads before the old one is dropped
         "extra_args": list(spec.extra_args),
         "enforce_eager": spec.enforce_eager,
         "gpu_memory_gb": spec.gpu_memory_gb,
@@ -331,10 +370,51 @@ async def start_engines(
     )
     replicas = [r for r in started if not isinstance(r, BaseException)]
     errors = [r for r in started if isinstance(r, BaseException)]
+    if not errors and names:  # until the first push, each adapter's name serves the base
+        aliases = dict.fromkeys(names, POLICY)
+        done = await asyncio.gather(
+            *(asyncio.to_thread(r.set_model_version, "v0", aliases) for r in replicas),
+            return_exceptions=True,
+        )
+        errors = [r for r in done if isinstance(r, BaseException)]
     if errors:
         ServedEngines(replicas, []).stop()
         raise errors[0]
-    return _VllmEngines(replicas, spec, Path(model_path), work_dir, lora=rank > 0)
+    return _VllmEngines(replicas, spec, Path(model_path), work_dir, lora=rank > 0, adapters=names)
+
+
+async def _start_builtin(
+    spec: BuiltinEngine, model_path: str, precision: str, placer: Placer, adapters: list[str]
+) -> ServedEngines:
+    """One built-in engine, plus one per adapter (its copy of the weights, served under its name); the
+    default KV cache budget is shared out among them."""
+    engine_options: dict[str, Any] = {"precision": precision, **spec.options}
+    if adapters and "kv_cache_gb" not in spec.options:
+        from agl.compute.memory import ENGINE_SHARE, GB, budget_bytes
+
+        share = ENGINE_SHARE * budget_bytes(str(engine_options.get("device", "cpu")), None) / GB
+        engine_options["kv_cache_gb"] = share / (len(adapters) + 1)
+    served: list[str | None] = [None, *adapters]
+    replicas: list[Any] = []
+    try:
+        for name in served:
+            options = engine_options if name is None else {**engine_options, "model_name": name}
+            replicas.append(await run_compute(placer.builtin, model_path, options))
+    except BaseException:
+        ServedEngines(replicas, []).stop()
+        raise
+    key = spec.options.get("token")  # EngineServer(token=...): the gateway sends it upstream
+    upstreams = [
+        UpstreamConfig(
+            url=replica.base_url,
+            kind="agl",
+            api_key=key,
+            name=getattr(replica, "backend_name", None),  # e.g. a Ray replica's URL#ray-node=ID
+            models=None if name is None else [name],
+        )
+        for replica, name in zip(replicas, served, strict=True)
+    ]
+    return _BuiltinEngines(replicas, upstreams, adapters)
 
 
 __all__ = [

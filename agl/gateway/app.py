@@ -32,7 +32,7 @@ import hmac
 import logging
 import re
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -75,7 +75,9 @@ class Gateway:
     the admin routes, ``client_token`` the model routes and ``reward_token`` the rewards route (see the module
     docstring). ``transport`` carries
     upstream requests instead of the network, to run a gateway without a model server (for example
-    ``agl.testing.InMemoryUpstream().transport``, or any ``httpx`` transport).
+    ``agl.testing.InMemoryUpstream().transport``, or any ``httpx`` transport). ``agent_models`` routes each
+    agent's calls (agent endpoint or ``x-agl-agent``) that name ``policy_model`` or no model to the agent's
+    own model (e.g. its LoRA adapter): ``{"solver": "solver"}``.
     """
 
     def __init__(
@@ -90,6 +92,8 @@ class Gateway:
         client_token: str | None = None,
         reward_token: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        agent_models: Mapping[str, str] | None = None,
+        policy_model: str = "policy",
     ) -> None:
         if not upstreams:
             raise GatewayError("a gateway needs at least one upstream URL (e.g. http://127.0.0.1:8000/v1)")
@@ -97,6 +101,7 @@ class Gateway:
         self.config = config or GatewayConfig()
         self.upstreams = [u if isinstance(u, UpstreamConfig) else UpstreamConfig(url=u) for u in upstreams]
         self.pool = UpstreamPool(self.upstreams)
+        self.agent_models, self.policy_model = dict(agent_models or {}), policy_model
         self.forwarder = Forwarder(self.pool, self.config, transport)
         self.paused = False
         self.inflight = 0
@@ -480,7 +485,7 @@ class Gateway:
                     given = anthropic.parse(raw)
                     if record is not None:
                         record.request = given
-                    request = anthropic.to_chat(given)
+                    request = self._for_agent(agent, anthropic.to_chat(given), b"")[0]
                     if record is not None:
                         record.tags[sc.LLM_REQUEST_MESSAGES] = request["messages"]
                     request = self._seeded(target, "chat.completions", request, b"")[0]
@@ -489,6 +494,7 @@ class Gateway:
                     forward_api = "chat.completions"
                 else:
                     request, forward_api = parse_request(api, raw), api
+                    request, raw = self._for_agent(agent, request, raw)
                     request, raw = self._seeded(target, forward_api, request, raw)
                     if record is not None:
                         record.request = request
@@ -527,6 +533,17 @@ class Gateway:
             code="store_unavailable",
             headers=[(b"retry-after", str(after).encode())],
         )
+
+    def _for_agent(
+        self, agent: str | None, request: dict[str, Any], raw: bytes
+    ) -> tuple[dict[str, Any], bytes]:
+        """The request (and body) sent to the agent's own model (``agent_models``) when it names the
+        policy or no model; any other model name (a teacher's) goes where it says."""
+        own = self.agent_models.get(agent) if agent else None
+        if own is None or request.get("model") not in (None, self.policy_model):
+            return request, raw
+        routed = {**request, "model": own}
+        return routed, orjson.dumps(routed)
 
     def _seeded(
         self, target: _Target | None, api: str, request: dict[str, Any], raw: bytes

@@ -28,7 +28,7 @@ class LLM(WireModel):
 
     def endpoint_for(self, agent: str) -> str:
         """This agl gateway endpoint for one agent of a multi-agent rollout: the gateway tags every call
-        made through it with ``agl.agent.name = agent`` (for ``GRPOConfig(agent=...)``)."""
+        made through it with ``agl.agent.name = agent`` (for ``GRPOConfig(agents=...)``; with a LoRA adapter per agent, its adapter answers them)."""
         base = self.endpoint.rstrip("/")
         if "/rollout/" not in base or not base.endswith("/v1"):
             raise ValueError(

@@ -65,8 +65,7 @@ def served_model(algorithm: object) -> ModelSpec | None:
     """The model ``fit`` serves for ``algorithm``: its ``model_spec()`` (None for the function form).
 
     Raises:
-        ConfigError: ``model_spec()`` returned no ``ModelSpec``, or the spec declares what fit does not
-            serve yet (``adapters`` per agent); NotImplementedError: a local teacher on vLLM.
+        ConfigError: ``model_spec()`` returned no ``ModelSpec``; NotImplementedError: a local teacher on vLLM.
     """
     if not isinstance(algorithm, Algorithm):
         return None
@@ -76,12 +75,6 @@ def served_model(algorithm: object) -> ModelSpec | None:
     owner = f"{type(algorithm).__name__}.model_spec()"
     if not isinstance(spec, ModelSpec):
         raise ConfigError(f"{owner} must return an agl.ModelSpec or None, got a {type(spec).__name__}")
-    if spec.adapters:
-        raise ConfigError(
-            f"{owner} declares ModelSpec.adapters (one LoRA adapter per agent: {', '.join(spec.adapters)}), "
-            "which Trainer.fit does not serve yet: it serves one base model with at most one adapter "
-            "(ModelSpec.lora_rank)"
-        )
     if spec.teacher is not None and spec.teacher.path is not None:
         from agl.engines.launch import VllmEngine
 
@@ -229,6 +222,7 @@ async def _serve_model(
         precision=model.precision,
         work_dir=work_dir,
         placer=placer,
+        adapters={a.name: a.rank for a in model.adapters.values()},
     )
     stack.callback(engines.stop)
     upstreams = list(engines.upstreams)
@@ -243,6 +237,8 @@ async def _serve_model(
         port=settings.port,
         token=settings.admin_token or secrets.token_urlsafe(24),
         client_token=client_token,
+        # each agent's calls through its endpoint reach its own adapter (ModelSpec.adapters)
+        agent_models={agent: a.name for agent, a in model.adapters.items()},
     )
     await asyncio.to_thread(gateway.start)
     stack.callback(gateway.stop)

@@ -224,6 +224,11 @@ def _score(settings: OnlineSettings, models: dict[str, str], out: Path) -> dict[
 
 def run_round(config: GRPOConfig, settings: OnlineSettings) -> RoundReport:
     """One round: read, train, evaluate, gate, publish or refuse (see the module's docstring)."""
+    if len(config.agents) > 1:
+        raise ConfigError(
+            f"online rounds serve one model: GRPOConfig.agents {config.agents} (a LoRA adapter per agent) "
+            "trains through Trainer.fit only; name one agent or none"
+        )
     out = settings.output_dir
     state = OnlineState.load(out, config.model_path)
     current = served_version(settings.engine, settings.engine_token)

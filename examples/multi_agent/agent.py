@@ -1,6 +1,8 @@
 """A two-agent LangGraph team: a solver with a calculator tool, and a checker that approves its answer or
 sends it back once. Both call the same served model, each through its own agent endpoint
-(``llm.endpoint_for(name)``), so ``GRPOConfig(agent="solver")`` trains on the solver's calls only.
+(``llm.endpoint_for(name)``), so ``GRPOConfig(agents=("solver",))`` trains on the solver's calls only, and
+``GRPOConfig(agents=("solver", "checker"), lora_rank=16)`` trains a LoRA adapter per agent, each serving
+that agent's endpoint.
 
 ``build_team`` is plain LangGraph; ``team_agent`` is agl's part. Reward: 1 when the team's final answer is
 right, else 0.

@@ -89,8 +89,8 @@ def test_each_agent_gets_its_own_samples(done: dict[str, Any]) -> None:
         calls = llm_calls(spans)
         assert [c.source for c in calls] == ["gateway", "gateway"] and all(c.has_token_ids for c in calls)
         assert [c.agent_name for c in calls] == ["writer", "critic"]  # scope via tracer twin; endpoint tag
-    writer = _batch(rollouts, agent="writer")
-    critic = _batch(rollouts, agent="critic")
+    writer = _batch(rollouts, agents=("writer",))
+    critic = _batch(rollouts, agents=("critic",))
     assert len(writer.samples) == 2 and len(critic.samples) == 2
     first = {r.rollout_id: llm_calls(s) for r, s in rollouts}
     for sample in writer.samples:
@@ -102,7 +102,7 @@ def test_each_agent_gets_its_own_samples(done: dict[str, Any]) -> None:
     assert sorted(writer.advantages) == pytest.approx([-1.0, 1.0], abs=1e-4)
     both = _batch(rollouts)
     assert len(both.samples) == 4  # writer and critic, each normalised within its own (task, agent) group
-    assert _batch(rollouts, agent="nobody").samples == []
+    assert _batch(rollouts, agents=("nobody",)).samples == []
 
 
 def test_a_call_rewarded_minus_five_gets_a_negative_advantage(done: dict[str, Any]) -> None:

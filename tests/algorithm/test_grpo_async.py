@@ -63,6 +63,26 @@ def test_drop_stale_judges_a_rollout_by_its_oldest_call() -> None:
     assert [r.rollout_id for r in zeroed] == ["fresh", "one-behind", "unknown"]
 
 
+def test_only_the_trained_agents_calls_count_for_staleness() -> None:
+    """An untrained agent's call reaches the base model, whose version never moves: it ages nothing."""
+    versions = VersionLog("v0")
+    versions.advance("v1")
+    versions.advance("v2")
+    m = SpanMaker(rollout_id="team")
+    spans = {
+        "team": [
+            m.call([1], [2], attrs={sc.AGENT_NAME: "solver", sc.LLM_MODEL_VERSION: "v2"}),
+            m.call([3], [4], attrs={sc.AGENT_NAME: "helper", sc.LLM_MODEL_VERSION: "v0"}),
+            m.reward(1.0),
+        ]
+    }
+    assert drop_stale([_rollout("team")], spans, versions, fallback=2, max_staleness=0)[0] == []
+    kept, metrics = drop_stale(
+        [_rollout("team")], spans, versions, fallback=2, max_staleness=0, agents=("solver",)
+    )
+    assert [r.rollout_id for r in kept] == ["team"] and metrics["staleness_max"] == 0.0
+
+
 def test_config_rejects_a_negative_staleness_bound() -> None:
     with pytest.raises(ConfigError, match="max_staleness >= 0"):
         GRPOConfig(model_path="unused", async_rollouts=True, max_staleness=-1)

@@ -95,13 +95,15 @@ def test_build_batch_trains_only_the_chosen_agent() -> None:
             m.reward(reward),
         ]
     rollouts = [_rollout(r, "gd") for r in spans]
-    batch = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2, agent="critic"))
+    batch = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2, agents=("critic",)))
     assert [s.input_ids for s in batch.samples] == [(9, 4, 5), (9, 4, 5)]
     both = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2))
     # each agent's calls form their own samples (and groups): no cross-agent merge is even attempted
     assert len(both.samples) == 4 and "mismatch_template_change" not in both.metrics
-    by_regex = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2, agent="plan+er"))
-    assert by_regex.samples == []  # GRPOConfig.agent is an exact name, not a pattern
+    by_regex = build_batch(
+        rollouts, spans, GRPOConfig(model_path="unused", group_size=2, agents=("plan+er",))
+    )
+    assert by_regex.samples == []  # GRPOConfig.agents holds exact names, not a pattern
 
 
 def test_build_batch_finds_an_agent_by_its_enclosing_span() -> None:
@@ -111,7 +113,7 @@ def test_build_batch_finds_an_agent_by_its_enclosing_span() -> None:
         solver = m.span("solver", {})
         spans[rid] = [solver, m.call([1, 2], [3], parent=solver), m.call([9], [4]), m.reward(reward)]
     rollouts = [_rollout(r, "ge") for r in spans]
-    batch = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2, agent="solver"))
+    batch = build_batch(rollouts, spans, GRPOConfig(model_path="unused", group_size=2, agents=("solver",)))
     assert [s.input_ids for s in batch.samples] == [(1, 2, 3), (1, 2, 3)]
 
 

@@ -1,8 +1,8 @@
 """The model contract between Trainer.fit and an algorithm: ``Algorithm.model_spec()`` -> ``agl.ModelSpec``.
 
 GRPO, SFT and APO declare theirs; a custom algorithm's spec is what fit serves; a wrong field fails by
-name when the spec is made; what fit does not serve yet (adapters per agent, a teacher) fails by name in
-fit, before anything starts.
+name when the spec is made; what fit does not serve yet (a teacher on vLLM) fails by name in fit, before
+anything starts.
 """
 
 from __future__ import annotations
@@ -150,11 +150,6 @@ def test_a_wrong_field_fails_by_name(make: Any, message: str) -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        (
-            ModelSpec("/m", adapters={"planner": AdapterSpec("planner-lora", 8)}),
-            r"Declares.model_spec\(\) declares ModelSpec.adapters \(one LoRA adapter per agent: planner\), "
-            "which Trainer.fit does not serve yet",
-        ),
         ("/m", r"Declares.model_spec\(\) must return an agl.ModelSpec or None, got a str"),
     ],
 )

@@ -133,7 +133,7 @@ def test_a_rollout_s_calls_samples_and_token_strip(http: httpx.Client, trained: 
     skipped_id = get(http, f"groups/{flat['group_id']}")["rollouts"][0]["rollout_id"]
     skipped = get(http, f"rollouts/{skipped_id}/training")
     assert all(not c["trained"] and "zero-variance" in c["reason"] for c in skipped["calls"])
-    only = get(http, f"rollouts/{rollout_id}/training", agent="writer")
+    only = get(http, f"rollouts/{rollout_id}/training", agents="writer")
     assert all(c["reason"].startswith("agent filtered out") for c in only["calls"])
     long = get(http, f"rollouts/{rollout_id}/training", max_sample_tokens=5)
     assert long["samples"][0]["reason"].startswith("overlong") and not long["calls"][0]["trained"]
@@ -213,3 +213,14 @@ def test_each_step_logs_what_the_agent_did(trained: Trained) -> None:
         assert row["behaviour_calls_per_rollout"] == 2.0 and row["behaviour_tool_call_rate"] == 0.0
         assert 0 < row["behaviour_completion_tokens"] <= 4  # max_tokens=4
         assert 0.0 <= row["emitted_has_digit"] <= 1.0 and "emitted_label" not in row
+
+
+def test_settings_read_agents_from_a_record_and_make_a_config() -> None:
+    """A record's ``agents`` (a JSON list) and an older record's single ``agent`` both give the tuple
+    ``GRPOConfig.agents`` takes; several agents make a LoRA config (their samples need no rank)."""
+    from agl.dashboard.training import Settings
+
+    assert Settings.recorded({"settings": {"agents": ["solver", "checker"]}}).agents == ("solver", "checker")
+    assert Settings.recorded({"settings": {"agent": "solver"}}).agents == ("solver",)
+    assert Settings.recorded({"settings": {"agent": None, "level": "transition"}}).agents == ()
+    assert Settings(agents=("solver", "checker")).config().agents == ("solver", "checker")

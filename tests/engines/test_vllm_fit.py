@@ -208,3 +208,56 @@ def test_full_reload_restarts_on_saved_weights_with_a_new_version(tiny_path: Pat
             engines.stop()
 
     asyncio.run(main())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.timeout(VLLM_TIMEOUT_S)
+def test_an_adapter_per_agent_is_a_named_lora_of_one_server(tiny_path: Path, tmp_path: Path) -> None:
+    """vLLM's multi-LoRA: each adapter answers under its own name (the base until the first push), and a
+    push replaces every adapter at once; an adapter that never trained answers as the base does."""
+    from agl.adapter import Sample
+    from agl.algorithm.policy import Policy, PolicyConfig
+    from agl.algorithm.policy.loss import LossConfig
+
+    python = require_vllm()
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 6, "temperature": 0.0}
+    body.update(return_token_ids=True, logprobs=True)
+
+    def ask(url: str, model: str) -> tuple[list[int], list[float], str]:
+        reply = httpx.post(f"{url}/chat/completions", json={**body, "model": model}, timeout=60).json()
+        choice = reply["choices"][0]
+        logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        return choice["token_ids"], logprobs, reply["model_version"]
+
+    async def main() -> None:
+        spec = VllmEngine(python=str(python), dtype="float32", max_model_len=512)
+        engines = await start_engines(
+            spec, str(tiny_path), work_dir=tmp_path, adapters={"solver": 8, "checker": 8}
+        )
+        try:
+            url = engines.upstreams[0].url
+            base = ask(url, "policy")
+            assert ask(url, "solver") == base and ask(url, "checker") == base  # the base until a push
+            config = PolicyConfig(
+                model_path=str(tiny_path), lora_rank=8, adapters=("solver", "checker"), lr=5e-2
+            )
+            policy = Policy(config, LossConfig())
+            policy.use_adapter("solver")
+            sample = Sample("r", "g", tuple(range(5, 25)), (0,) * 10 + (1,) * 10, None, 1.0)
+            for _ in range(3):
+                policy.step([sample], [1.0], [0])
+            assert await engines.sync(policy) == "v1"
+            solver, checker = ask(url, "solver"), ask(url, "checker")
+            assert solver[2] == checker[2] == "v1" and solver[:2] != base[:2]
+            assert (
+                checker[0] == base[0]
+                and max(abs(a - b) for a, b in zip(checker[1], base[1], strict=True)) < 1e-4
+            )
+            assert await engines.sync(policy) == "v2"
+            assert not (tmp_path / "lora" / "v1").exists()  # the servers dropped v1's adapters
+            assert (tmp_path / "lora" / "v2" / "checker" / "adapter_config.json").is_file()
+        finally:
+            engines.stop()
+
+    asyncio.run(main())

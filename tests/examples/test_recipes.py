@@ -1,6 +1,6 @@
 """The three recipes (LangGraph SQL agent, Agents-SDK coding agent, two-agent LangGraph team) run end to end on
 the tiny model: base, warm start, GRPO, a summary and a curve; the coding reward runs hidden tests in the
-sandbox; the team's checker calls are recorded but never trainable."""
+sandbox; the team's checker calls are recorded but never trainable, unless both agents train (an adapter each)."""
 
 from __future__ import annotations
 
@@ -59,9 +59,9 @@ def test_code_is_taken_from_the_first_fence() -> None:
     assert extract_code("def f(x): return x") == "def f(x): return x"
 
 
-def _smoke(module: str, out: Path) -> dict[str, Any]:
+def _smoke(module: str, out: Path, *options: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", module, "--model", "tiny", "--out", str(out)],
+        [sys.executable, "-m", module, "--model", "tiny", "--out", str(out), *options],
         cwd=ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -97,6 +97,16 @@ def test_multi_agent_recipe_trains_only_the_solver(tmp_path: Path) -> None:
     calls = summary["training_calls"]
     assert calls["recorded"].get("checker", 0) > 0 and calls["recorded"].get("solver", 0) > 0
     assert set(calls["trainable"]) == {"solver"}  # the checker's calls never enter a batch
+
+
+@pytest.mark.slow
+def test_multi_agent_recipe_trains_an_adapter_per_agent(tmp_path: Path) -> None:
+    summary = _smoke("examples.multi_agent.train", tmp_path, "--agents", "solver,checker")
+    assert summary["agents"] == ["solver", "checker"] and summary["lora_rank"] == 16
+    calls = summary["training_calls"]
+    assert calls["trainable"] == calls["recorded"] and calls["recorded"].get("checker", 0) > 0
+    for agent in ("solver", "checker"):  # the exported team: the base with each agent's adapter merged in
+        assert (tmp_path / "model" / agent / "model.safetensors").is_file()
 
 
 def test_teacher_options_replace_the_gold_warm_start(tmp_path: Path) -> None:

@@ -276,3 +276,33 @@ async def test_records_into_a_sqlite_store(tmp_path: Path, upstream: OpenAIUpstr
         )
     finally:
         await store.aclose()
+
+
+async def test_an_agents_calls_to_the_policy_go_to_its_own_model(
+    store: InMemoryLightningStore, upstream: OpenAIUpstream, rollout: tuple[str, str]
+) -> None:
+    """``agent_models``: an agent endpoint (or ``x-agl-agent``) sends the policy's calls to the agent's
+    adapter; other agents, and calls naming another model, go where they say."""
+    with Gateway(store, [upstream.base_url], agent_models={"solver": "solver-lora"}) as gw:
+        base = gw.rollout_base_url(rollout[0])
+        sent = [
+            (f"{base.removesuffix('/v1')}/agent/solver/v1", "policy", {}),
+            (f"{base.removesuffix('/v1')}/agent/solver/v1", "teacher", {}),
+            (f"{base.removesuffix('/v1')}/agent/checker/v1", "policy", {}),
+            (base, "policy", {"x-agl-agent": "solver"}),
+            (base, "policy", {}),
+        ]
+        for url, model, headers in sent:
+            client = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0, default_headers=headers)
+            await client.chat.completions.create(model=model, messages=USER)
+            await client.close()
+        recorded = await calls(gw, store, rollout[0])
+    assert [r.body["model"] for r in upstream.requests] == [
+        "solver-lora",
+        "teacher",
+        "policy",
+        "solver-lora",
+        "policy",
+    ]
+    in_order = sorted((c.sequence_id, c.agent_name) for c in recorded)
+    assert [name for _, name in in_order] == ["solver", "solver", "checker", "solver", None]

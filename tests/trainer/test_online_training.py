@@ -208,6 +208,13 @@ def test_bad_online_input_names_the_flag(tmp_path: Path) -> None:
     assert code[0] == 2 and "add --online" in code[2]
     with pytest.raises(ConfigError, match="max_version_lag must be >= 0"):
         asyncio.run(_read_negative(tmp_path))
+    team = GRPOConfig(model_path="x", agents=("solver", "checker"), lora_rank=4)
+    settings = OnlineSettings(store="sqlite:///x.db", engine="http://127.0.0.1:1", output_dir=tmp_path,
+                              agent=scored_agent, held_out=HELD_OUT)  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"online rounds serve one model: GRPOConfig.agents \('solver', 'checker'\)"
+    ):
+        run_round(team, settings)
 
 
 async def _read_negative(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from agl.adapter.behaviour import step_behaviour
 from agl.adapter.thinking import think_token_ids
 from agl.algorithm.base import Algorithm, Evaluation, TrainingContext, evaluate
 from agl.algorithm.export import BEST_DIR, BestExport, export_trained
+from agl.algorithm.grpo.agents import check_agents_called, step_agents
 from agl.algorithm.grpo.async_loop import RolloutPipeline, VersionLog
 from agl.algorithm.grpo.batch import StepBatch, build_batch
 from agl.algorithm.grpo.config import GRPOConfig
@@ -33,7 +34,7 @@ from agl.algorithm.grpo.record import step_records, write_records
 from agl.algorithm.grpo.refill import StepRollouts
 from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
-from agl.algorithm.spec import ModelSpec
+from agl.algorithm.spec import AdapterSpec, ModelSpec
 from agl.algorithm.teacher import Teacher, teach
 from agl.compute.memory import step_peaks
 from agl.compute.thread import run_compute
@@ -62,16 +63,24 @@ class GRPO(Algorithm):
         self.val_failures_after = Failures(0, 0)  # the latest validation's
 
     def model_spec(self) -> ModelSpec:
-        """The base model fit serves, with the LoRA rank, precision and device the policy trains with."""
+        """The base model fit serves, with the LoRA rank, precision and device the policy trains with;
+        with several ``agents``, one LoRA adapter per agent, served under the agent's name."""
         cfg = self.config
         teacher = cfg.warm_start.spec() if isinstance(cfg.warm_start, Teacher) else None
+        adapters = {agent: AdapterSpec(agent, cfg.lora_rank) for agent in self._adapters}
         return ModelSpec(
             cfg.model_path,
-            lora_rank=cfg.lora_rank,
+            lora_rank=0 if adapters else cfg.lora_rank,
             precision=cfg.precision,
             device=cfg.device,
+            adapters=adapters,
             teacher=teacher,
         )
+
+    @property
+    def _adapters(self) -> tuple[str, ...]:
+        """The agents that train an adapter each (several ``agents``; none for one or every agent)."""
+        return self.config.agents if len(self.config.agents) > 1 else ()
 
     async def _resume(self, ctx: TrainingContext, checkpoint: Path) -> int:
         """Load weights and optimizer from ``checkpoint`` (``run`` pushes them to the engine); returns the next step."""
@@ -95,6 +104,7 @@ class GRPO(Algorithm):
                 micro_batch_tokens=cfg.micro_batch_tokens,
                 activation_checkpointing=cfg.activation_checkpointing,
                 lora_rank=cfg.lora_rank,
+                adapters=self._adapters,
                 kl_coef=cfg.loss.kl_coef,
                 teacher_path=cfg.teacher.path if cfg.teacher is not None else None,
                 seed=cfg.seed,
@@ -273,6 +283,12 @@ class GRPO(Algorithm):
             **exported,  # model_path, best_model_path, adapter_path
         }
 
+    def _update(self, batch: StepBatch) -> dict[str, float]:
+        """Blocking: the policy's step on ``batch`` (with an adapter per agent, one step per agent)."""
+        if self._adapters:
+            return step_agents(self.policy, batch, self._adapters)
+        return dict(self.policy.step(batch.samples, batch.advantages, batch.rollout_index))
+
     async def _checkpoint(self, path: Path, step: int) -> None:
         """The policy and the step it reached, for ``resume=True``."""
         await run_compute(self.policy.save, path)
@@ -337,6 +353,8 @@ class GRPO(Algorithm):
                 if cfg.refill:  # groups whose rewards tie train nothing: draw more tasks in their place
                     drawn = await step_rollouts.refill(drawn, step=step, resources_id=resources_id)
                 batch = build_batch(drawn.rollouts, drawn.spans, cfg, drawn.zeroed)
+                if step == first_step:
+                    check_agents_called(batch, cfg.agents, step)
                 if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
                     batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
                 rollout_s = time.perf_counter() - started
@@ -345,11 +363,7 @@ class GRPO(Algorithm):
                 row.update(step_behaviour({r.rollout_id: drawn.spans[r.rollout_id] for r in drawn.rollouts}))
                 row["trainer_idle_s"] = fetched.wait_s
                 if batch.samples:
-                    row.update(
-                        await run_compute(
-                            self.policy.step, batch.samples, batch.advantages, batch.rollout_index
-                        )
-                    )
+                    row.update(await run_compute(self._update, batch))
                     resources_id = await self._publish(ctx, self.policy)
                     versions.advance(self.version)
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):

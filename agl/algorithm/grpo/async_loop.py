@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agl.adapter import llm_calls
+from agl.adapter.calls import calls_by_agent
 from agl.algorithm.base import PendingRollouts, TrainingContext
 from agl.schemas import Rollout, RolloutStatus, Span
 from agl.seeding import derive_seed
@@ -134,6 +135,7 @@ def drop_stale(
     fallback: int,
     max_staleness: int,
     zeroed: Collection[str] = (),
+    agents: Sequence[str] = (),
 ) -> tuple[list[Rollout], dict[str, float]]:
     """Rollouts whose every model call ran at most ``max_staleness`` versions ago, and staleness metrics.
 
@@ -141,13 +143,18 @@ def drop_stale(
     update trains with the tokens of both); a call whose version the log does not know (no version
     recorded, or from before this run) counts as ``fallback``, the version when it was enqueued, which
     is never newer than the version that served it. A failed rollout in ``zeroed`` trains (at reward 0),
-    so it is checked too.
+    so it is checked too. With ``agents`` (``GRPOConfig.agents``) only their calls count: another
+    agent's calls reach the untrained base model, whose version never moves.
     """
     kept: list[Rollout] = []
     staleness: list[int] = []
     dropped = 0
     for rollout in rollouts:
-        calls = llm_calls(spans.get(rollout.rollout_id, []))
+        own = spans.get(rollout.rollout_id, [])
+        calls = llm_calls(own)
+        if agents:
+            by_agent = calls_by_agent(calls, own, agents, own_model=len(agents) > 1)
+            calls = [c for mine in by_agent.values() for c in mine]
         trains = rollout.status == RolloutStatus.SUCCEEDED or rollout.rollout_id in zeroed
         if not trains or not calls:
             kept.append(rollout)  # nothing to train on: build_batch counts and drops it

@@ -1,7 +1,8 @@
 """A GRPO step's batch: rollouts and their spans to samples with group-relative advantages.
 
 Groups are (task group, agent): with several agents in one rollout, each agent's calls are compared
-with the same agent's calls in the other rollouts of the task. Credit is either the rollout's final
+with the same agent's calls in the other rollouts of the task (``GRPOConfig.agents`` keeps only the named
+agents' calls; with several, each sample carries its agent, whose LoRA adapter alone it trains). Credit is either the rollout's final
 reward (every token of a rollout's agent shares one advantage) or per call: each call's return is
 the final reward plus ``call_reward_weight`` times the reward emitted for that call, normalised over
 the calls of its group, and the tokens of each call's completion carry that call's advantage.
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agl.adapter import MergeReport, Sample, call_rewards, final_reward, llm_calls, to_samples
-from agl.adapter.calls import call_agents, filter_calls
+from agl.adapter.calls import call_agents, calls_by_agent
 from agl.adapter.thinking import mask_thinking
 from agl.algorithm.grpo.advantages import group_advantages
 from agl.errors import ConfigError
@@ -36,6 +37,13 @@ class StepBatch:
     reasons: dict[str, str] = dataclasses.field(default_factory=dict)
     #: the advantage of a rollout that trained nothing but had one (an overlong sample's), by rollout id
     would: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: each sample's agent (None: unnamed), aligned with ``samples``; with several ``GRPOConfig.agents``
+    #: a sample trains that agent's adapter only
+    agents: list[str | None] = dataclasses.field(default_factory=list)
+    #: of ``GRPOConfig.agents``, those that made no call in the batch's succeeded rollouts, and then the
+    #: agents those rollouts' calls came from ("" for calls no agent name reaches)
+    unseen_agents: tuple[str, ...] = ()
+    called_agents: tuple[str, ...] = ()
 
 
 @dataclass
@@ -51,18 +59,17 @@ class _Unit:
 
 def _agent_units(
     rid: str, n: int, group: str, reward: float, spans: list[Span], config: GRPOConfig, report: MergeReport
-) -> list[_Unit]:
+) -> tuple[list[_Unit], dict[str | None, list[LLMCall]], int]:
+    """The rollout's units, every named agent's calls, and how many of those no adapter of theirs answered
+    (with several agents only a call its agent's adapter answered trains: see ``calls_by_agent``)."""
     calls = llm_calls(spans)
-    by_agent: dict[str | None, list[LLMCall]] = defaultdict(list)
-    if config.agent is not None:
-        chosen = filter_calls(calls, config.agent, spans)
-        if chosen:
-            by_agent[config.agent] = chosen
-    else:
-        for call, agent in zip(calls, call_agents(calls, spans), strict=True):
-            by_agent[agent].append(call)
-        if not by_agent:
-            by_agent[None] = []  # a rollout without calls still counts in its group's statistics
+    called = calls_by_agent(calls, spans, config.agents)
+    by_agent = dict(called)
+    if len(config.agents) > 1:
+        by_agent = calls_by_agent(calls, spans, config.agents, own_model=True)
+    off = sum(map(len, called.values())) - sum(map(len, by_agent.values()))
+    if not by_agent and not config.agents:
+        by_agent[None] = []  # a rollout without calls still counts in its group's statistics
     units = []
     per_call = call_rewards(spans)
     scope = group if config.baseline == "group" else ""
@@ -70,7 +77,7 @@ def _agent_units(
         made, rep = to_samples(own, reward, level=config.level, call_rewards=per_call, group_id=group)
         report.add(rep)
         units.append(_Unit(n, (scope, agent), made, reward))
-    return units
+    return units, called, off
 
 
 def _mask_thinking(units: list[_Unit], config: GRPOConfig) -> int:
@@ -165,10 +172,15 @@ def build_batch(
     report = MergeReport()
     units: list[_Unit] = []
     per_call: dict[int, dict[str, float]] = {}
+    seen: set[str | None] = set()
+    off_adapter = 0
     for n, r in enumerate(ok):
         rid = r.rollout_id
         per_call[n] = call_rewards(spans[rid])
-        units += _agent_units(rid, n, r.group_id or rid, rewards[rid], spans[rid], config, report)
+        made, called, off = _agent_units(rid, n, r.group_id or rid, rewards[rid], spans[rid], config, report)
+        units += made
+        seen.update(called)
+        off_adapter += off
     thinking_masked = _mask_thinking(units, config)
     if config.credit == "per_call":
         flat = _per_call_credit(units, per_call, config)
@@ -178,6 +190,7 @@ def build_batch(
     samples: list[Sample] = []
     advs: list[float] = []
     index: list[int] = []
+    agents: list[str | None] = []
     too_long = 0
     kept = {r.rollout_id for r in ok}
     reasons: dict[str, str] = {
@@ -188,7 +201,8 @@ def build_batch(
     with_units = {u.rollout for u in units}
     for n, r in enumerate(ok):
         if n not in with_units:  # an agent filter found none of its calls here
-            reasons[r.rollout_id] = f"no call of agent {config.agent!r}"
+            served = " that its adapter answered" if len(config.agents) > 1 else ""
+            reasons[r.rollout_id] = f"no call of agent {' or '.join(map(repr, config.agents))}{served}"
     would: dict[str, float] = {}
     for u, adv in zip(units, unit_adv, strict=True):
         rid = ok[u.rollout].rollout_id
@@ -208,6 +222,7 @@ def build_batch(
             samples.append(s)
             advs.append(adv if s.token_advantages is None else _sample_advantage(s))
             index.append(u.rollout)
+            agents.append(u.key[1])
     reward_values = list(rewards.values())
     mean = sum(reward_values) / len(reward_values) if reward_values else 0.0
     std = (sum((r - mean) ** 2 for r in reward_values) / len(reward_values)) ** 0.5 if reward_values else 0.0
@@ -236,9 +251,18 @@ def build_batch(
     }
     if not config.train_thinking:
         metrics["thinking_tokens_masked"] = float(thinking_masked)
+    for agent in config.agents if len(config.agents) > 1 else ():
+        metrics[f"samples_{agent}"] = float(sum(a == agent for a in agents))
+    if len(config.agents) > 1:  # calls the base model answered: tagged after they ran (agl.agent_scope)
+        metrics["calls_off_adapter"] = float(off_adapter)
     trained = {s.rollout_id for s in samples}
     reasons = {rid: why for rid, why in reasons.items() if rid not in trained}
-    return StepBatch(samples, advs, index, metrics, reasons, would)
+    unseen = tuple(a for a in config.agents if a not in seen)
+    names: set[str] = set()
+    for r in ok if unseen else ():
+        calls = llm_calls(spans[r.rollout_id])
+        names.update(name or "" for name in call_agents(calls, spans[r.rollout_id]))
+    return StepBatch(samples, advs, index, metrics, reasons, would, agents, unseen, tuple(sorted(names)))
 
 
 def _no_sample_reason(spans: list[Span]) -> str:

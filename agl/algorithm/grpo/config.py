@@ -57,7 +57,10 @@ class GRPOConfig:
     baseline: Baseline = "group"
     level: Literal["trajectory", "transition"] = "trajectory"
     max_sample_tokens: int = 2048
-    agent: str | None = None  # train only this agent's calls (agl.agent_scope, agent endpoint, or span name)
+    # which agents' calls train (agl.agent_scope, agent endpoint, or span name): () every call, one policy;
+    # ("solver",) only the solver's calls; ("solver", "checker") one LoRA adapter per agent on one base
+    # model (lora_rank each), each served under its agent's endpoint and trained on its own calls only
+    agents: tuple[str, ...] = ()
     credit: Literal["final", "per_call"] = "final"  # per_call: emit_reward(response_id=...) shapes its call
     call_reward_weight: float = 1.0  # per_call: a call's return = final reward + weight * its own reward
     # scores the rollouts that return no reward, a group per call (agl.rewards.Judge, agl/algorithm/grpo/judging.py)
@@ -166,6 +169,7 @@ class GRPOConfig:
                 "GRPOConfig.warm_start must be an agl.WarmStart(...), an agl.Teacher(...) or None, "
                 f"got a {type(self.warm_start).__name__}"
             )
+        self._check_agents()
         self._check_refill()
         self._check_teacher()
         self._check_thinking()
@@ -195,6 +199,41 @@ class GRPOConfig:
         if isinstance(self.distill_coef, bool) or not self.distill_coef > 0:
             raise ConfigError(
                 f"GRPOConfig.distill_coef must be > 0 with a teacher, got {self.distill_coef!r}"
+            )
+
+    def _check_agents(self) -> None:
+        """``agents`` is a tuple of distinct names; several need LoRA (one adapter each) on one rank."""
+        agents = self.agents
+        if isinstance(agents, str) or not isinstance(agents, tuple | list):
+            raise ConfigError(
+                f"GRPOConfig.agents must be a tuple of agent names such as ('solver',) (in a run file "
+                f"[solver, checker]), got {agents!r}"
+            )
+        if not all(isinstance(a, str) and a.strip() and "/" not in a for a in agents):
+            raise ConfigError(
+                f"GRPOConfig.agents must hold non-empty agent names without '/', got {agents!r}"
+            )
+        if len(set(agents)) != len(agents):
+            raise ConfigError(f"GRPOConfig.agents names an agent twice: {agents!r}")
+        object.__setattr__(self, "agents", tuple(agents))
+        if len(agents) < 2:
+            return
+        if any("." in a or a == "policy" for a in agents):
+            raise ConfigError(
+                "GRPOConfig.agents with several agents names their LoRA adapters too, which cannot hold '.' "
+                f"nor be 'policy' (the base model's name): {agents!r}"
+            )
+        if self.lora_rank < 1:
+            raise ConfigError(
+                f"GRPOConfig(agents={tuple(agents)!r}) trains one LoRA adapter per agent: set lora_rank > 0 "
+                "(e.g. 16), or name one agent"
+            )
+        if self.world_size > 1:
+            raise ConfigError("GRPOConfig.agents with several agents trains on one rank: set world_size=1")
+        if isinstance(self.warm_start, Teacher):
+            raise ConfigError(
+                "GRPOConfig.agents with several agents takes a WarmStart (it trains the first agent's "
+                "adapter), not a Teacher warm start"
             )
 
     def _check_thinking(self) -> None:

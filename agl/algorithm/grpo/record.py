@@ -25,7 +25,15 @@ if TYPE_CHECKING:
     from agl.store import LightningStore
 
 #: the GRPOConfig fields that decide a step's samples and advantages (the dashboard rebuilds with them)
-SETTINGS = ("level", "scale_by_std", "baseline", "credit", "call_reward_weight", "max_sample_tokens", "agent")
+SETTINGS = (
+    "level",
+    "scale_by_std",
+    "baseline",
+    "credit",
+    "call_reward_weight",
+    "max_sample_tokens",
+    "agents",
+)
 
 
 def record_settings(config: GRPOConfig) -> dict[str, Any]:

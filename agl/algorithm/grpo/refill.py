@@ -97,6 +97,7 @@ class StepRollouts:
             fallback=enqueued_version,
             max_staleness=self.max_staleness,
             zeroed=settled.zeroed,
+            agents=cfg.agents,
         )
         kept, judged_spans, judged = await judge_step(self.ctx.store, cfg.judge, kept, settled.spans)
         drawn = {self.task_index(r.input) for r in rollouts}

@@ -301,8 +301,12 @@ class DistributedPolicy:
             raise ConfigError("SFT over several ranks needs sharding='fsdp'")
         return dict(self.collective("sft_step", list(samples)))
 
-    def engine_weights(self) -> dict[str, torch.Tensor]:
+    def engine_weights(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         """The full weights for the engine (gathered from the shards when sharded)."""
+        if adapter is not None:
+            raise ConfigError(
+                "a data-parallel policy trains one adapter: LoRA adapters per agent train on one rank"
+            )
         if self.sharded:
             return dict(self.collective("engine_weights"))
         return dict(self.policy.engine_weights())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ class PolicyConfig:
     micro_batch_tokens: MicroBatchTokens = "auto"  # "auto": the largest that fits memory_budget_gb
     lora_rank: int = 0  # 0: full fine-tuning
     lora_alpha: int = 32
+    # one LoRA adapter (lora_rank each) per name on the one base model; use_adapter(name) picks the one a
+    # step trains, each with its own optimizer state (empty: one adapter, or full fine-tuning)
+    adapters: tuple[str, ...] = ()
     kl_coef: float = 0.0
     # a local model folder sharing the tokenizer: scores the samples' tokens for on-policy distillation
     # (LossConfig.distill_coef; agl/algorithm/policy/distill.py)
@@ -201,18 +205,19 @@ class Policy:
             from agl.algorithm.policy.distill import load_teacher
 
             self.teacher = load_teacher(config.teacher_path, self.tokenizer, self.device)
+        if config.adapters and config.lora_rank < 1:
+            raise ConfigError(f"PolicyConfig.adapters {config.adapters} are LoRA adapters: set lora_rank > 0")
         if config.lora_rank > 0:
-            from peft import LoraConfig, get_peft_model
-
-            lora = LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, target_modules="all-linear")
-            model = get_peft_model(model, lora)  # type: ignore[assignment]
+            model = with_lora(model, config.lora_rank, config.lora_alpha, config.adapters)
         self.model = model
         self.model.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        # fused: one kernel over all tensors (a CPU AdamW step for SmolLM2 much faster)
-        self.optimizer = torch.optim.AdamW(
-            params, lr=config.lr, weight_decay=config.weight_decay, fused=_fusable(params)
-        )
+        # one optimizer per adapter: each adapter's moments move only with its own steps
+        self.optimizers = {name: self._optimizer(adapter_parameters(model, name)) for name in config.adapters}
+        self.adapter: str | None = None
+        if config.adapters:
+            self.use_adapter(config.adapters[0])
+        else:
+            self.optimizer = self._optimizer([p for p in self.model.parameters() if p.requires_grad])
         self.plain_tokens = plain_tokens_for(config.activation_checkpointing, self.device)
         self.checkpointing = checkpointing_for(config.activation_checkpointing, self.device)
         # prefix sharing needs plain forward passes: off when every micro-batch is checkpointed
@@ -226,6 +231,22 @@ class Policy:
         self.sizer = MicroBatchSizer(config.micro_batch_tokens, self.device, config.memory_budget_gb)
         self.monitor = shared_monitor()
         self._update_peak = 0
+
+    def _optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.AdamW:
+        # fused: one kernel over all tensors (a CPU AdamW step for SmolLM2 much faster)
+        config = self.config
+        return torch.optim.AdamW(
+            params, lr=config.lr, weight_decay=config.weight_decay, fused=_fusable(params)
+        )
+
+    def use_adapter(self, name: str) -> None:
+        """Make adapter ``name`` (of ``PolicyConfig.adapters``) the one forward passes use and steps train."""
+        if name not in self.optimizers:
+            raise ConfigError(
+                f"this policy has no adapter {name!r}; its adapters: {', '.join(self.optimizers)}"
+            )
+        self.model.set_adapter(name)  # type: ignore[operator]  # PEFT: only this adapter requires grad
+        self.optimizer, self.adapter = self.optimizers[name], name
 
     @contextlib.contextmanager
     def _memory_mode(self, tokens: int) -> Iterator[bool]:
@@ -502,37 +523,84 @@ class Policy:
             **self._memory_metrics(backoffs),
         }
 
-    def engine_weights(self) -> dict[str, torch.Tensor]:
-        """Full weights for the engine: the model's state dict, with LoRA merged in when training LoRA."""
+    def engine_weights(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
+        """Full weights for the engine: the model's state dict, with LoRA merged in when training LoRA
+        (with several adapters, ``adapter``'s)."""
         if self.config.lora_rank > 0:
+            names = [self._adapter_name(adapter)] if self.config.adapters else None
             merged = {}
             base = self.model.get_base_model()  # type: ignore[operator]
             with torch.no_grad():
-                self.model.merge_adapter()  # type: ignore[operator]
+                self.model.merge_adapter(adapter_names=names)  # type: ignore[operator]
                 merged = {k: v.detach().clone() for k, v in base.state_dict().items() if "lora_" not in k}
                 self.model.unmerge_adapter()  # type: ignore[operator]
             return {k.replace("base_layer.", ""): v for k, v in merged.items()}
+        if adapter is not None:
+            self._adapter_name(adapter)  # raises: full weights have no adapters
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    def save_adapter(self, folder: Path) -> None:
-        """The LoRA adapter alone as a PEFT folder (what vLLM hot-loads)."""
+    def _adapter_name(self, adapter: str | None) -> str:
+        """``adapter``, checked against the policy's adapters (required when it has several)."""
+        if adapter is None or adapter not in self.config.adapters:
+            raise ConfigError(
+                f"no adapter {adapter!r} to push: this policy's adapters are {list(self.config.adapters)} "
+                "(engines started with ModelSpec.adapters ask for each by name)"
+            )
+        return adapter
+
+    def save_adapter(self, folder: Path, adapter: str | None = None) -> None:
+        """The LoRA adapter alone as a PEFT folder (what vLLM hot-loads); with several, ``adapter``'s."""
         if not hasattr(self.model, "peft_config"):
             raise ConfigError(
                 "this policy trains full weights (lora_rank=0), so it has no LoRA adapter to save; "
                 "engines started for LoRA need a policy with lora_rank > 0"
             )
-        self.model.save_pretrained(str(folder))
+        if not self.config.adapters:
+            self.model.save_pretrained(str(folder))
+            return
+        name = self._adapter_name(adapter)
+        self.model.save_pretrained(str(folder), selected_adapters=[name])
+        nested = Path(folder) / name  # PEFT writes a named adapter into a subfolder of its name
+        for item in nested.iterdir():
+            item.replace(Path(folder) / item.name)
+        nested.rmdir()
 
     def save(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        if self.optimizers:
+            states = {name: opt.state_dict() for name, opt in self.optimizers.items()}
+            torch.save(states, path / "optimizers.pt")
+        else:
+            torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
 
     def load_optimizer(self, path: Path) -> None:
         state = path / "optimizer.pt"
         if state.exists():
             self.optimizer.load_state_dict(torch.load(state, weights_only=True))
+
+
+def with_lora(model: Any, rank: int, alpha: int, adapters: Sequence[str] = ()) -> Any:
+    """``model`` wrapped in PEFT LoRA on every linear layer: one adapter (``"default"``), or one per
+    name in ``adapters``, each starting as the base model (B = 0)."""
+    from peft import LoraConfig, get_peft_model
+
+    def lora() -> LoraConfig:
+        return LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear")
+
+    if not adapters:
+        return get_peft_model(model, lora())
+    wrapped = get_peft_model(model, lora(), adapter_name=adapters[0])
+    for name in adapters[1:]:
+        wrapped.add_adapter(name, lora())
+    return wrapped
+
+
+def adapter_parameters(model: Any, name: str) -> list[torch.nn.Parameter]:
+    """The LoRA parameters of adapter ``name`` (PEFT names them ``...lora_A.<name>.weight``)."""
+    own = re.compile(rf"\.lora_[AB]\.{re.escape(name)}\.")
+    return [p for key, p in model.named_parameters() if own.search(key)]
 
 
 def _fusable(params: Sequence[torch.Tensor]) -> bool:

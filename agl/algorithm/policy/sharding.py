@@ -311,8 +311,12 @@ class ShardedPolicy(Policy):
         )
         return model, optim
 
-    def engine_weights(self) -> dict[str, torch.Tensor]:
+    def engine_weights(self, adapter: str | None = None) -> dict[str, torch.Tensor]:
         """Rank 0: the full weights for the engine (LoRA merged), gathered; other ranks: {}."""
+        if adapter is not None:
+            raise ConfigError(
+                "a sharded policy trains one adapter: LoRA adapters per agent train on one rank"
+            )
         state, _ = self.gather()
         if dist.get_rank() != 0:
             return {}
