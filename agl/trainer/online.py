@@ -34,7 +34,7 @@ from agl.trainer.serving import Serving
 
 log = logging.getLogger(__name__)
 
-STATE_FILE, ROUNDS_FILE = "online.json", "rounds.jsonl"
+STATE_FILE, ROUNDS_FILE, OPTIMIZER_FILE = "online.json", "rounds.jsonl", "optimizer.pt"
 
 
 @dataclass
@@ -194,15 +194,33 @@ async def _read(
 def _train(
     config: GRPOConfig, start: str, data: OnlineBatch, folder: Path, info: dict[str, Any]
 ) -> dict[str, float]:
-    """One GRPO step from the weights in ``start`` on ``data``'s batch, the result written to ``folder``."""
+    """One GRPO step from the weights in ``start`` on ``data``'s batch, the result written to ``folder``.
+
+    The optimizer's state carries over from the round that produced ``start`` (its ``optimizer.pt``), so
+    a run of rounds moves like consecutive steps; a fresh optimizer's first step is a step of size ``lr``
+    on every weight whatever the gradient's scale."""
+    import torch
+
     from agl.algorithm.export import export_policy
     from agl.algorithm.grpo import GRPO
 
     policy = GRPO(config)._make_policy(start)
+    policy.load_optimizer(Path(start))
+    for group in policy.optimizer.param_groups:  # the moments carry over; the learning rate is this round's
+        group["lr"] = config.lr
     batch = data.batch
     metrics = policy.step(batch.samples, batch.advantages, batch.rollout_index)
     export_policy(policy, folder, base_path=config.model_path, info=info)
+    torch.save(policy.optimizer.state_dict(), folder / OPTIMIZER_FILE)
     return {**batch.metrics, **metrics}
+
+
+def _keep_one_optimizer(state: OnlineState, served: str) -> None:
+    """Only the served version keeps its optimizer state (Adam's moments: twice the model's size); a
+    round trained from a rolled-back version starts a fresh optimizer."""
+    for version, folder in state.versions.items():
+        if version != served:
+            (Path(folder) / OPTIMIZER_FILE).unlink(missing_ok=True)
 
 
 def _score(settings: OnlineSettings, models: dict[str, str], out: Path) -> dict[str, float]:
@@ -264,6 +282,7 @@ def run_round(config: GRPOConfig, settings: OnlineSettings) -> RoundReport:
             folder.rename(target)
             state.versions[version] = str(target.resolve())
             report.served = publish_weights(settings.engine, target, version, settings.engine_token)
+            _keep_one_optimizer(state, version)
             report.decision = "published"
         else:
             report.decision = "refused"

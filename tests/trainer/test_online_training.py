@@ -102,6 +102,7 @@ def test_online_rounds_train_on_rewarded_traffic_gate_publish_and_roll_back(
         load_file(tiny_model() / "model.safetensors"),
     )
     assert any(not torch.equal(trained[k], base[k]) for k in base)  # the step moved the weights
+    assert (out / "versions" / "v1" / "optimizer.pt").is_file()  # the next round's Adam moments
 
     # d was answered by v0, one version behind: with max_version_lag=0 it is stale when its reward arrives
     _talk(gw, ["f"])
@@ -140,6 +141,9 @@ def test_online_rounds_train_on_rewarded_traffic_gate_publish_and_roll_back(
     assert second["counts"]["rewarded_new"] == 3 and second["counts"]["stale"] == 1
     assert second["counts"]["trained_rollouts"] == 2 and second["counts"]["unrewarded"] == 0
     assert any(why.startswith("stale: recorded under v0") for why in second["skipped"].values())
+    # round 2 continued v1's optimizer: its Adam state counts two steps, not a fresh first one
+    moments = torch.load(out / "candidates" / "round-2" / "optimizer.pt", weights_only=True)["state"]
+    assert {float(s["step"]) for s in moments.values()} == {2.0}
     assert second["trained"] == sorted([session_rollout_id("e"), session_rollout_id("f")])  # d was stale
 
     # nothing new: a round reads past the watermark only
