@@ -16,6 +16,7 @@ from agl.store._sql_schema import DIGEST_COLUMNS, LATEST_ATTEMPT, Dialect
 from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread
 from agl.store.base import Page, check_limit
 from agl.store.read_model import (
+    DIGEST_COUNTS,
     DIGEST_SLOTS,
     AttemptDigest,
     DigestState,
@@ -36,18 +37,40 @@ _REPLY = (
     "CASE WHEN d.tr_seq IS NOT NULL AND (d.gw_seq IS NULL OR (d.tr_seq > d.gw_seq"
     " AND (d.tr_id IS NULL OR d.gw_id IS NULL OR d.tr_id <> d.gw_id))) THEN d.tr_text ELSE d.gw_text END"
 )
-_SORT_VALUES = {"created": "r.pos", "reward": "COALESCE(d.rw_value, d.rl_value)", "duration": "r.duration"}
+_SORT_VALUES = {
+    "created": "r.pos",
+    "reward": "COALESCE(d.rw_value, d.rl_value)",
+    "duration": "r.duration",
+    # the source with more calls (``counts_of``); a rollout without a digest made none
+    "calls": "{greatest}(COALESCE(d.gw_calls, 0), COALESCE(d.tr_calls, 0))",
+}
 _IDS_PER_READ = 1000  # rollout ids per ``IN (...)`` list
 
 
-def _digest_of(row: Sequence[Any]) -> AttemptDigest:
-    state: DigestState = {}
-    n = 3
+def _positions() -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    """Where each slot's (sequence id, *values) and each count slot's counts sit in a digest row."""
+    slots, n = [], 3
     for slot, (values, _) in DIGEST_SLOTS.items():
-        if row[n] is not None:
-            state[slot] = tuple(row[n : n + 1 + len(values)])
+        slots.append((slot, n, n + 1 + len(values)))
         n += 1 + len(values)
+    counts = []
+    for slot, columns in DIGEST_COUNTS.items():
+        counts.append((slot, n, n + len(columns)))
+        n += len(columns)
+    return slots, counts
+
+
+_SLOTS_AT, _COUNTS_AT = _positions()
+
+
+def _digest_of(row: Sequence[Any]) -> AttemptDigest:
+    state: DigestState = {slot: tuple(row[a:b]) for slot, a, b in _SLOTS_AT if row[a] is not None}
+    state.update((slot, tuple(row[a:b])) for slot, a, b in _COUNTS_AT)
     return resolve_digest(row[0], row[1], row[2], state)
+
+
+def _sort_value(sort: str, d: Dialect) -> str:
+    return _SORT_VALUES[sort].format(greatest=d.greatest)
 
 
 class SqlReadModel(StoreReadModel):
@@ -142,9 +165,14 @@ def search(conn: Any, d: Dialect, q: RolloutSearch) -> RolloutMatches:
         if value is not None:
             where.append(f"{column}={p}")
             args.append(value)
-    for bound, op in ((q.reward_min, ">="), (q.reward_max, "<=")):
+    for sort, bound, op in (
+        ("reward", q.reward_min, ">="),
+        ("reward", q.reward_max, "<="),
+        ("calls", q.calls_min, ">="),
+        ("calls", q.calls_max, "<="),
+    ):
         if bound is not None:
-            where.append(f"{_SORT_VALUES['reward']} {op} {p}")
+            where.append(f"{_sort_value(sort, d)} {op} {p}")
             args.append(bound)
     for key, wanted in (q.metadata or {}).items():
         where.append(d.metadata_is.format(p=p))
@@ -155,12 +183,13 @@ def search(conn: Any, d: Dialect, q: RolloutSearch) -> RolloutMatches:
         reply = d.contains.format(f"{lower}({_REPLY})", p)
         where.append(f"({d.contains.format('r.search_text', p)} OR {_DIGEST_IN}{reply}))")
         args += [needle, needle]
-    bounded = q.reward_min is not None or q.reward_max is not None
-    join = q.sort == "reward" or q.agent is not None or q.error_type is not None or bounded
+    bounds = (q.reward_min, q.reward_max, q.calls_min, q.calls_max)
+    join = q.sort in ("reward", "calls") or q.agent is not None or q.error_type is not None
+    join = join or any(bound is not None for bound in bounds)
     sql = f"SELECT r.pos, COUNT(*) OVER () FROM rollouts r{_WITH_DIGEST if join else ''}"
     if where:
         sql += " WHERE " + " AND ".join(where)
-    order = f"{_SORT_VALUES[q.sort]} {'DESC' if q.descending else 'ASC'} NULLS LAST, r.pos DESC"
+    order = f"{_sort_value(q.sort, d)} {'DESC' if q.descending else 'ASC'} NULLS LAST, r.pos DESC"
     rows = conn.execute(f"{sql} ORDER BY {order} LIMIT {p} OFFSET {p}", (*args, q.limit, q.offset)).fetchall()
     if not rows:
         total = conn.execute(f"SELECT COUNT(*) FROM ({sql}) c", args).fetchone()[0] if q.offset else 0
