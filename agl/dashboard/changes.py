@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +34,7 @@ def task_key(given: Any) -> str:
     return hashlib.sha1(raw).hexdigest()[:12]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Cell:
     """One task at one version: its rollouts' rewards and the first reply."""
 
@@ -85,20 +84,28 @@ async def _versions(store: StoreWithReadModel, ids: set[str]) -> dict[str, Resou
 
 def _table(rows: Sequence[ListedRollout]) -> tuple[dict[str, dict[str, _Cell]], dict[str, Any]]:
     """``{resources_id: {task key: cell}}`` and each task key's input."""
-    cells: dict[str, dict[str, _Cell]] = defaultdict(lambda: defaultdict(_Cell))
+    cells: dict[str, dict[str, _Cell]] = {}
     inputs: dict[str, Any] = {}
     for row in rows:
         r = row.rollout
         if r.resources_id is None:
             continue
         key = task_key(r.input)
-        inputs.setdefault(key, r.input)
-        cell = cells[r.resources_id][key]
+        if key not in inputs:
+            inputs[key] = r.input
+        tasks = cells.get(r.resources_id)
+        if tasks is None:
+            tasks = cells[r.resources_id] = {}
+        cell = tasks.get(key)
+        if cell is None:
+            cell = tasks[key] = _Cell()
         cell.rollout_ids.append(r.rollout_id)
-        if row.digest is not None and row.digest.reward is not None:
-            cell.rewards.append(row.digest.reward)
-        if cell.reply is None and row.digest is not None:
-            cell.reply = row.digest.reply
+        digest = row.digest
+        if digest is not None:
+            if digest.reward is not None:
+                cell.rewards.append(digest.reward)
+            if cell.reply is None:
+                cell.reply = digest.reply
     return cells, inputs
 
 

@@ -10,22 +10,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter
 
 from agl.schemas import Rollout
-from agl.store._sql_schema import DIGEST_COLUMNS, LATEST_ATTEMPT, Dialect
+from agl.store._sql_schema import LATEST_ATTEMPT, Dialect
 from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread
 from agl.store.base import Page, check_limit
 from agl.store.read_model import (
-    DIGEST_COUNTS,
-    DIGEST_SLOTS,
     AttemptDigest,
-    DigestState,
     ListedRollout,
     RolloutMatches,
     RolloutSearch,
     StoreReadModel,
     StoreStatistics,
-    resolve_digest,
 )
 
 _WITH_DIGEST = " LEFT JOIN digests d ON d.rollout_id=r.rollout_id AND d.attempt_id=r.attempt_id"
@@ -37,36 +34,45 @@ _REPLY = (
     "CASE WHEN d.tr_seq IS NOT NULL AND (d.gw_seq IS NULL OR (d.tr_seq > d.gw_seq"
     " AND (d.tr_id IS NULL OR d.gw_id IS NULL OR d.tr_id <> d.gw_id))) THEN d.tr_text ELSE d.gw_text END"
 )
+_REWARD = "COALESCE(d.rw_value, d.rl_value)"
 _SORT_VALUES = {
     "created": "r.pos",
-    "reward": "COALESCE(d.rw_value, d.rl_value)",
+    "reward": _REWARD,
     "duration": "r.duration",
     # the source with more calls (``counts_of``); a rollout without a digest made none
     "calls": "{greatest}(COALESCE(d.gw_calls, 0), COALESCE(d.tr_calls, 0))",
 }
 _IDS_PER_READ = 1000  # rollout ids per ``IN (...)`` list
+#: a digest row's ``AttemptDigest`` fields as SQL over ``d``, resolved as ``digest_values`` resolves a
+#: state (counts: the source with more calls, the gateway's when tied): a page read so costs a third of
+#: reading every slot's columns and resolving them in Python
+_FIELDS = {
+    "rollout_id": "d.rollout_id",
+    "attempt_id": "d.attempt_id",
+    "stamp": "d.stamp",
+    "reply": _REPLY,
+    "error_type": "d.err_type",
+    "reward": _REWARD,
+    "agent": "d.ag_name",
+    **{
+        field: f"CASE WHEN d.tr_calls > d.gw_calls THEN d.tr_{column} ELSE d.gw_{column} END"
+        for field, column in (
+            ("calls", "calls"),
+            ("tool_calls", "tool_calls"),
+            ("completion_tokens", "tokens"),
+        )
+    },
+}
+_DIGEST_FIELDS = ", ".join(_FIELDS.values())
 
 
-def _positions() -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
-    """Where each slot's (sequence id, *values) and each count slot's counts sit in a digest row."""
-    slots, n = [], 3
-    for slot, (values, _) in DIGEST_SLOTS.items():
-        slots.append((slot, n, n + 1 + len(values)))
-        n += 1 + len(values)
-    counts = []
-    for slot, columns in DIGEST_COUNTS.items():
-        counts.append((slot, n, n + len(columns)))
-        n += len(columns)
-    return slots, counts
+_DIGESTS = TypeAdapter(list[AttemptDigest])
+_LISTED = TypeAdapter(list[ListedRollout])
 
 
-_SLOTS_AT, _COUNTS_AT = _positions()
-
-
-def _digest_of(row: Sequence[Any]) -> AttemptDigest:
-    state: DigestState = {slot: tuple(row[a:b]) for slot, a, b in _SLOTS_AT if row[a] is not None}
-    state.update((slot, tuple(row[a:b])) for slot, a, b in _COUNTS_AT)
-    return resolve_digest(row[0], row[1], row[2], state)
+def _digests_of(rows: Sequence[Sequence[Any]]) -> list[AttemptDigest]:
+    """The digests rows of ``_DIGEST_FIELDS`` hold, validated at once (a third faster than one by one)."""
+    return _DIGESTS.validate_python([dict(zip(_FIELDS, row, strict=True)) for row in rows])
 
 
 def _sort_value(sort: str, d: Dialect) -> str:
@@ -137,12 +143,11 @@ def digests(
     if rollout_ids is not None:
         where.append(f"d.rollout_id IN ({','.join([p] * len(rollout_ids))})" if rollout_ids else "1=0")
         args += list(rollout_ids)
-    columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
     rows = conn.execute(
-        f"SELECT {columns} FROM digests d WHERE {' AND '.join(where)} ORDER BY d.stamp LIMIT {p}",
+        f"SELECT {_DIGEST_FIELDS} FROM digests d WHERE {' AND '.join(where)} ORDER BY d.stamp LIMIT {p}",
         (*args, limit + 1),
     ).fetchall()
-    items = [_digest_of(r) for r in rows[:limit]]
+    items = _digests_of(rows[:limit])
     return Page(items=items, next_cursor=str(items[-1].stamp) if len(rows) > limit else None)
 
 
@@ -194,19 +199,22 @@ def search(conn: Any, d: Dialect, q: RolloutSearch) -> RolloutMatches:
     if not rows:
         total = conn.execute(f"SELECT COUNT(*) FROM ({sql}) c", args).fetchone()[0] if q.offset else 0
         return RolloutMatches(items=[], total=total)
-    columns = ", ".join(f"d.{c}" for c in DIGEST_COLUMNS)
     found = {
         row[0]: row[1:]
         for row in conn.execute(
-            f"SELECT r.pos, r.data, {columns} FROM rollouts r{_WITH_DIGEST} WHERE r.pos IN ({','.join([p] * len(rows))})",
+            f"SELECT r.pos, r.data, {_DIGEST_FIELDS} FROM rollouts r{_WITH_DIGEST} WHERE r.pos IN ({','.join([p] * len(rows))})",
             [row[0] for row in rows],
         )
     }
-    items = [
-        ListedRollout(
-            rollout=Rollout.model_validate_json(found[pos][0]),
-            digest=None if found[pos][1] is None else _digest_of(found[pos][1:]),
-        )
-        for pos, _ in rows
-    ]
+    page = [found[pos] for pos, _ in rows]
+    known = iter(_digests_of([row[1:] for row in page if row[1] is not None]))
+    items = _LISTED.validate_python(
+        [
+            {
+                "rollout": Rollout.model_validate_json(row[0]),
+                "digest": None if row[1] is None else next(known),
+            }
+            for row in page
+        ]
+    )
     return RolloutMatches(items=items, total=rows[0][1])

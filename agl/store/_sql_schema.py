@@ -154,6 +154,7 @@ INDEXES = [
     "rollouts_queue ON rollouts(queue_pos) WHERE queue_pos IS NOT NULL",
     "rollouts_status ON rollouts(status, pos)",
     "rollouts_group ON rollouts(group_id)",
+    "rollouts_mode ON rollouts(mode, pos)",  # a list of one mode (the changes view: every val rollout)
     "rollouts_updated ON rollouts(updated_at, rollout_id)",
     "attempts_rollout ON attempts(rollout_id, pos)",
     "attempts_live ON attempts(live) WHERE live=1",
