@@ -127,6 +127,10 @@ class _Context:
     starts: OrderedDict[str, float] = field(
         default_factory=OrderedDict
     )  # rollout id -> first attempt's start
+    versions: changes.Versions = field(init=False)  # resources versions read (they never change)
+
+    def __post_init__(self) -> None:
+        self.versions = changes.Versions(self.store)
 
     async def digests(self, rollouts: list[Rollout]) -> list[AttemptDigest | None]:
         """The digest of each rollout's latest attempt (None: nothing recorded yet), from the store."""
@@ -453,11 +457,12 @@ def _changes_routes(ctx: _Context) -> dict[str, Handler]:
     async def changed(request: Request) -> dict[str, Any]:
         q = request.query_params
         mode = q.get("mode") or "val"
-        return await changes.changes(ctx.store, mode, q.get("before") or None, q.get("after") or None)
+        before, after = q.get("before") or None, q.get("after") or None
+        return await changes.changes(ctx.store, mode, before, after, ctx.versions)
 
     async def task(request: Request) -> dict[str, Any]:
         mode = request.query_params.get("mode") or None
-        return await changes.task_history(ctx.store, request.path_params["rollout_id"], mode)
+        return await changes.task_history(ctx.store, request.path_params["rollout_id"], mode, ctx.versions)
 
     return {"/api/changes": changed, "/api/rollouts/{rollout_id}/task": task}
 
