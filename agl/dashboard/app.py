@@ -33,7 +33,7 @@ from agl.adapter.rewards import final_reward
 from agl.dashboard import changes, export, inputs, replay, training, views
 from agl.dashboard.inputs import BadGateway, BadRequest
 from agl.schemas import ResourcesVersion, Rollout, RolloutStatus, Span
-from agl.store.read_model import ListedRollout, RolloutSearch, StoreWithReadModel
+from agl.store.read_model import AttemptDigest, ListedRollout, RolloutSearch, StoreWithReadModel
 from agl.store.sqlite import SqliteLightningStore
 
 STATIC = Path(__file__).parent / "static"
@@ -115,11 +115,6 @@ def _previous(versions: list[ResourcesVersion]) -> dict[str, str]:
     return {b.resources_id: a.resources_id for a, b in zip(ordered, ordered[1:], strict=False)}
 
 
-def _view(x: ListedRollout, started_at: float | None) -> dict[str, Any]:
-    reward, agent = (x.digest.reward, x.digest.agent) if x.digest else (None, None)
-    return views.rollout_view(x.rollout, reward, agent, started_at)
-
-
 @dataclass
 class _Context:
     """What every route group reads: the store, the metrics directory and the curves computed last."""
@@ -132,12 +127,16 @@ class _Context:
     starts: OrderedDict[str, float] = field(
         default_factory=OrderedDict
     )  # rollout id -> first attempt's start
+    versions: changes.Versions = field(init=False)  # resources versions read (they never change)
 
-    async def facts(self, rollouts: list[Rollout]) -> list[tuple[float | None, str | None]]:
-        """(reward, agent name) of each rollout's latest attempt, from the store's digests."""
+    def __post_init__(self) -> None:
+        self.versions = changes.Versions(self.store)
+
+    async def digests(self, rollouts: list[Rollout]) -> list[AttemptDigest | None]:
+        """The digest of each rollout's latest attempt (None: nothing recorded yet), from the store."""
         page = await self.store.query_digests(rollout_ids=[r.rollout_id for r in rollouts])
         found = {d.rollout_id: d for d in page.items}
-        return [(d.reward, d.agent) if (d := found.get(r.rollout_id)) else (None, None) for r in rollouts]
+        return [found.get(r.rollout_id) for r in rollouts]
 
     async def first_starts(self, rollouts: list[Rollout]) -> dict[str, float]:
         """When each ended rollout's first attempt started (what its run time counts from).
@@ -267,11 +266,11 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
                 limit=limit,
                 cursor=q.get("cursor") or None,
             )
-            known, starts = await asyncio.gather(ctx.facts(page.items), ctx.first_starts(page.items))
+            known, starts = await asyncio.gather(ctx.digests(page.items), ctx.first_starts(page.items))
             return {
                 "items": [
-                    views.rollout_view(r, w, a, starts.get(r.rollout_id))
-                    for r, (w, a) in zip(page.items, known, strict=True)
+                    views.listed_view(r, d, starts.get(r.rollout_id))
+                    for r, d in zip(page.items, known, strict=True)
                 ],
                 "next_cursor": page.next_cursor,
             }
@@ -279,7 +278,9 @@ def _rollout_routes(ctx: _Context) -> dict[str, Handler]:
         found = await store.search_rollouts(search.model_copy(update={"offset": offset}))
         starts = await ctx.first_starts([x.rollout for x in found.items])
         return {
-            "items": [_view(x, starts.get(x.rollout.rollout_id)) for x in found.items],
+            "items": [
+                views.listed_view(x.rollout, x.digest, starts.get(x.rollout.rollout_id)) for x in found.items
+            ],
             "next_cursor": f"@{offset + limit}" if offset + limit < found.total else None,
             "total": found.total,
         }
@@ -456,11 +457,12 @@ def _changes_routes(ctx: _Context) -> dict[str, Handler]:
     async def changed(request: Request) -> dict[str, Any]:
         q = request.query_params
         mode = q.get("mode") or "val"
-        return await changes.changes(ctx.store, mode, q.get("before") or None, q.get("after") or None)
+        before, after = q.get("before") or None, q.get("after") or None
+        return await changes.changes(ctx.store, mode, before, after, ctx.versions)
 
     async def task(request: Request) -> dict[str, Any]:
         mode = request.query_params.get("mode") or None
-        return await changes.task_history(ctx.store, request.path_params["rollout_id"], mode)
+        return await changes.task_history(ctx.store, request.path_params["rollout_id"], mode, ctx.versions)
 
     return {"/api/changes": changed, "/api/rollouts/{rollout_id}/task": task}
 
@@ -557,7 +559,7 @@ async def _compute_curves(ctx: _Context) -> dict[str, Any]:
         if (cursor := page.next_cursor) is None:
             break
     found = found[:CURVE_ROLLOUTS][::-1]
-    rewards = [reward for reward, _ in await ctx.facts(found)]
+    rewards = [d.reward if d else None for d in await ctx.digests(found)]
     points: list[dict[str, Any]] = [
         {
             "rollout_id": r.rollout_id,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections import defaultdict
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +27,8 @@ from agl.store.read_model import ListedRollout, RolloutSearch, StoreWithReadMode
 MAX_READ = 20_000
 #: a reward move smaller than this is no change (float noise of a mean)
 EPS = 1e-9
+#: resources versions a dashboard keeps read
+KNOWN_VERSIONS = 10_000
 
 
 def task_key(given: Any) -> str:
@@ -35,7 +37,7 @@ def task_key(given: Any) -> str:
     return hashlib.sha1(raw).hexdigest()[:12]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Cell:
     """One task at one version: its rollouts' rewards and the first reply."""
 
@@ -72,33 +74,55 @@ async def _listed(
     return rows
 
 
-async def _versions(store: StoreWithReadModel, ids: set[str]) -> dict[str, ResourcesVersion]:
-    async def one(rid: str) -> ResourcesVersion | None:
-        try:
-            return await store.get_resources(rid)
-        except NotFoundError:
-            return None
+class Versions:
+    """Resources versions by id, each read from the store once (a version never changes once added), so
+    a polled comparison costs one store call: the search."""
 
-    found = await asyncio.gather(*(one(rid) for rid in sorted(ids)))
-    return {v.resources_id: v for v in found if v is not None}
+    def __init__(self, store: StoreWithReadModel) -> None:
+        self.store = store
+        self.known: OrderedDict[str, ResourcesVersion] = OrderedDict()  # oldest read first
+
+    async def get(self, ids: set[str]) -> dict[str, ResourcesVersion]:
+        """The versions ``ids`` name that the store holds."""
+        found = {rid: v for rid in ids if (v := self.known.get(rid)) is not None}
+        for v in await asyncio.gather(*(self._read(rid) for rid in sorted(ids - found.keys()))):
+            if v is not None:
+                found[v.resources_id] = self.known[v.resources_id] = v
+        while len(self.known) > KNOWN_VERSIONS:
+            self.known.popitem(last=False)
+        return found
+
+    async def _read(self, resources_id: str) -> ResourcesVersion | None:
+        try:
+            return await self.store.get_resources(resources_id)
+        except NotFoundError:
+            return None  # not kept: it may be added later
 
 
 def _table(rows: Sequence[ListedRollout]) -> tuple[dict[str, dict[str, _Cell]], dict[str, Any]]:
     """``{resources_id: {task key: cell}}`` and each task key's input."""
-    cells: dict[str, dict[str, _Cell]] = defaultdict(lambda: defaultdict(_Cell))
+    cells: dict[str, dict[str, _Cell]] = {}
     inputs: dict[str, Any] = {}
     for row in rows:
         r = row.rollout
         if r.resources_id is None:
             continue
         key = task_key(r.input)
-        inputs.setdefault(key, r.input)
-        cell = cells[r.resources_id][key]
+        if key not in inputs:
+            inputs[key] = r.input
+        tasks = cells.get(r.resources_id)
+        if tasks is None:
+            tasks = cells[r.resources_id] = {}
+        cell = tasks.get(key)
+        if cell is None:
+            cell = tasks[key] = _Cell()
         cell.rollout_ids.append(r.rollout_id)
-        if row.digest is not None and row.digest.reward is not None:
-            cell.rewards.append(row.digest.reward)
-        if cell.reply is None and row.digest is not None:
-            cell.reply = row.digest.reply
+        digest = row.digest
+        if digest is not None:
+            if digest.reward is not None:
+                cell.rewards.append(digest.reward)
+            if cell.reply is None:
+                cell.reply = digest.reply
     return cells, inputs
 
 
@@ -114,12 +138,17 @@ def _version_view(v: ResourcesVersion, cells: dict[str, _Cell]) -> dict[str, Any
 
 
 async def changes(
-    store: StoreWithReadModel, mode: str = "val", before: str | None = None, after: str | None = None
+    store: StoreWithReadModel,
+    mode: str = "val",
+    before: str | None = None,
+    after: str | None = None,
+    known: Versions | None = None,
 ) -> dict[str, Any]:
     """The tasks of ``mode`` whose mean reward moved from version ``before`` to ``after`` (by default
-    the first and the last version that ran them), with both replies; and every such version."""
+    the first and the last version that ran them), with both replies; and every such version (read
+    through ``known``, a dashboard's, where given)."""
     cells, inputs = _table(await _listed(store, mode))
-    versions = await _versions(store, set(cells))
+    versions = await (known or Versions(store)).get(set(cells))
     ordered = sorted(versions.values(), key=lambda v: v.version)
     listed = [_version_view(v, cells[v.resources_id]) for v in ordered]
     for name, given in (("before", before), ("after", after)):
@@ -187,7 +216,9 @@ def _compare(was: dict[str, _Cell], now: dict[str, _Cell]) -> tuple[list[Moved],
     return changed, same
 
 
-async def task_history(store: StoreWithReadModel, rollout_id: str, mode: str | None = None) -> dict[str, Any]:
+async def task_history(
+    store: StoreWithReadModel, rollout_id: str, mode: str | None = None, known: Versions | None = None
+) -> dict[str, Any]:
     """The task of ``rollout_id`` at every version that ran it (of ``mode``, or any): reward, reply,
     calls and tool use. The store's text search narrows the rollouts to those whose input contains this
     one's; the task key keeps the exact matches."""
@@ -195,7 +226,9 @@ async def task_history(store: StoreWithReadModel, rollout_id: str, mode: str | N
     key = task_key(given)
     text = given if isinstance(given, str) else orjson.dumps(given).decode()
     rows = [row for row in await _listed(store, mode, text) if task_key(row.rollout.input) == key]
-    versions = await _versions(store, {r.rollout.resources_id for r in rows if r.rollout.resources_id})
+    versions = await (known or Versions(store)).get(
+        {r.rollout.resources_id for r in rows if r.rollout.resources_id}
+    )
     spans = await asyncio.gather(
         *(store.query_spans(rollout_id=r.rollout.rollout_id, attempt_id="latest", limit=10_000) for r in rows)
     )

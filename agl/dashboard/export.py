@@ -48,8 +48,8 @@ async def set_flag(store: StoreWithReadModel, rollout_id: str, body: dict[str, A
 
 def rollout_search(request: Request, *, limit: int, offset: int, descending: bool = True) -> RolloutSearch:
     """The rollout list's filters (``q``, ``status``, ``mode``, ``group_id``, ``resources_id``, ``agent``,
-    ``error``, ``flagged``, ``reward_min``, ``reward_max``, ``sort``, ``order``) as a store search; a bad
-    one is a 422 naming it."""
+    ``error``, ``flagged``, ``reward_min``, ``reward_max``, ``calls_min``, ``calls_max``, ``sort``,
+    ``order``) as a store search; a bad one is a 422 naming it."""
     q = request.query_params
     sort = q.get("sort") or "created"
     if sort not in SORTS:
@@ -68,6 +68,8 @@ def rollout_search(request: Request, *, limit: int, offset: int, descending: boo
         metadata={FLAG: 1} if inputs.flagged(request) else None,
         reward_min=inputs.query_float(request, "reward_min"),
         reward_max=inputs.query_float(request, "reward_max"),
+        calls_min=inputs.query_count(request, "calls_min"),
+        calls_max=inputs.query_count(request, "calls_max"),
         sort=sort,  # type: ignore[arg-type]  # one of SORTS, checked above
         descending=order == "desc",
         limit=limit,

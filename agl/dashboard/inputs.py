@@ -63,6 +63,17 @@ def query_float(request: Request, name: str) -> float | None:
     return value
 
 
+def query_count(request: Request, name: str, high: int = 10**15) -> int | None:
+    """A count filter from the query string (None when absent); anything but a whole number within
+    ``[0, high]`` is a 422."""
+    raw = (request.query_params.get(name) or "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > high:
+        raise BadRequest(name, f"{name} must be a whole number from 0 to {high}, got {raw!r}")
+    return int(raw)
+
+
 async def json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object. Only ``application/json`` is read: a form another site posts cannot
     send it without the browser asking first (so a page elsewhere cannot act for an open dashboard)."""

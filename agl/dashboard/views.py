@@ -17,6 +17,7 @@ import orjson
 from agl import semconv as sc
 from agl.adapter.rewards import final_reward
 from agl.schemas import LLMCall, ModelWeights, PromptTemplate, ResourcesVersion, Rollout, Span
+from agl.store.read_model import AttemptDigest
 
 #: attributes too bulky to ship to a browser; the view keeps their length instead
 _BULKY = (
@@ -310,6 +311,18 @@ def rollout_view(
     view["agent"] = agent
     ended = rollout.ended_at
     view["duration_s"] = ended - started_at if ended is not None and started_at is not None else None
+    return view
+
+
+def listed_view(rollout: Rollout, digest: AttemptDigest | None, started_at: float | None) -> dict[str, Any]:
+    """A row of the rollout list: :func:`rollout_view` with its latest attempt's digest (reward, agent)
+    and what that attempt did: model calls, tool calls and completion tokens (0 with no digest)."""
+    view = rollout_view(
+        rollout, digest.reward if digest else None, digest.agent if digest else None, started_at
+    )
+    view["calls"] = digest.calls if digest else 0
+    view["tool_calls"] = digest.tool_calls if digest else 0
+    view["completion_tokens"] = digest.completion_tokens if digest else 0
     return view
 
 

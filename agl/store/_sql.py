@@ -27,7 +27,7 @@ from agl.store._sql_read import SqlReadModel
 from agl.store._sql_schema import SQLITE, Dialect, upsert_digests
 from agl.store._sqlite_thread import GroupCommitPool, GroupCommitThread
 from agl.store.base import Kind, Page, decode_cursor, encode_cursor
-from agl.store.read_model import DigestState, duration_s, merge_digest, search_text, span_digest
+from agl.store.read_model import DigestState, duration_s, merge_digest, merge_states, search_text, span_digest
 from agl.store.states import overrun
 
 # what a cursor's sort key must be for each sort column (PostgreSQL refuses to compare across types)
@@ -79,9 +79,7 @@ class Deferred:
         self.spans += other.spans
         self.span_bytes += other.span_bytes
         for attempt, state in other.digests.items():
-            mine = self.digests.setdefault(attempt, {})
-            for slot, (sequence_id, *values) in state.items():
-                merge_digest(mine, sequence_id, {slot: tuple(values)})
+            merge_states(self.digests.setdefault(attempt, {}), state)
 
     def flush(self, conn: Any, d: Dialect) -> None:
         """Write everything held (and forget it): one counters statement, then the digests."""

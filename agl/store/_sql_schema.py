@@ -11,7 +11,15 @@ from typing import Any
 
 from agl.schemas import Rollout
 from agl.store import _logic
-from agl.store.read_model import DIGEST_SLOTS, DigestState, duration_s, merge_digest, search_text, span_digest
+from agl.store.read_model import (
+    DIGEST_COUNTS,
+    DIGEST_SLOTS,
+    DigestState,
+    duration_s,
+    merge_digest,
+    search_text,
+    span_digest,
+)
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,7 @@ COLUMNS: dict[str, list[tuple[str, str, str]]] = {
                 *((v, "real" if v.endswith("_value") else "text", "") for v in values),
             )
         ),
+        *((c, "int", "NOT NULL DEFAULT 0") for columns in DIGEST_COUNTS.values() for c in columns),
     ],
 }
 TABLE_EXTRAS = {
@@ -145,6 +154,7 @@ INDEXES = [
     "rollouts_queue ON rollouts(queue_pos) WHERE queue_pos IS NOT NULL",
     "rollouts_status ON rollouts(status, pos)",
     "rollouts_group ON rollouts(group_id)",
+    "rollouts_mode ON rollouts(mode, pos)",  # a list of one mode (the changes view: every val rollout)
     "rollouts_updated ON rollouts(updated_at, rollout_id)",
     "attempts_rollout ON attempts(rollout_id, pos)",
     "attempts_live ON attempts(live) WHERE live=1",
@@ -154,15 +164,17 @@ INDEXES = [
 #: ``digests``: the last digest stamp handed out (0: digests never written, see ``upgrade_tables``)
 COUNTERS = ("queue", "resources", "spans", "span_bytes", "digests")
 DIGEST_COLUMNS = [c for c, _, _ in COLUMNS["digests"]]
+COUNT_COLUMNS = [c for columns in DIGEST_COUNTS.values() for c in columns]
 LATEST_ATTEMPT = (
     "(SELECT a.attempt_id FROM attempts a WHERE a.rollout_id={t}.rollout_id ORDER BY a.pos DESC LIMIT 1)"
 )
 
 
 def digest_upsert(p: str) -> str:
-    """One attempt's digest in: a slot changes only for a later span (an earlier one for ``ag``), so
-    concurrent writers (several PostgreSQL servers) merge instead of overwriting each other."""
-    updates = ["stamp=excluded.stamp"]
+    """One attempt's digest in: a slot changes only for a later span (an earlier one for ``ag``) and
+    counts add up, so concurrent writers (several PostgreSQL servers) merge instead of overwriting
+    each other."""
+    updates = ["stamp=excluded.stamp", *(f"{c}=COALESCE(digests.{c},0)+excluded.{c}" for c in COUNT_COLUMNS)]
     for slot, (values, first) in DIGEST_SLOTS.items():
         seq = f"{slot}_seq"
         newer = (
@@ -182,6 +194,8 @@ def digest_row(rollout_id: str, attempt_id: str, stamp: int, state: DigestState)
     for slot, (values, _) in DIGEST_SLOTS.items():
         known = state.get(slot)
         row += list(known) if known is not None else [None] * (1 + len(values))
+    for slot, columns in DIGEST_COUNTS.items():
+        row += state.get(slot) or [0] * len(columns)
     return tuple(row)
 
 
@@ -206,7 +220,8 @@ def upsert_digests(conn: Any, d: Dialect, states: dict[tuple[str, str], DigestSt
 def upgrade_tables(conn: Any, d: Dialect) -> None:
     """Bring a store from an older agl up to date; call inside the transaction that created the tables.
     Adds the columns it lacks (the rollouts' search columns filled from their JSON) and writes the
-    digests of the spans it holds (once: the counter is 0 only until digests are first written)."""
+    digests of the spans it holds (once: the counter is 0 only until digests are first written), or
+    only their counts where digests were written by an agl that kept none (once: as the columns come)."""
     added = set()
     for table, columns in COLUMNS.items():
         have = {c[0] for c in conn.execute(f"SELECT * FROM {table} LIMIT 0").description}
@@ -222,7 +237,8 @@ def upgrade_tables(conn: Any, d: Dialect) -> None:
             [(r.resources_id, duration_s(r), search_text(r), r.rollout_id) for r in found],
         )
         conn.execute(f"UPDATE rollouts SET attempt_id={LATEST_ATTEMPT.format(t='rollouts')}")
-    if conn.execute("SELECT value FROM counters WHERE name='digests'").fetchone()[0]:
+    written = conn.execute("SELECT value FROM counters WHERE name='digests'").fetchone()[0]
+    if written and not added.intersection(COUNT_COLUMNS):
         return
     states: dict[tuple[str, str], DigestState] = {}
     for rollout_id, attempt_id, sequence_id, name, data in conn.execute(
@@ -231,6 +247,18 @@ def upgrade_tables(conn: Any, d: Dialect) -> None:
         slots = span_digest(name, _logic.json_loads(data).get("attributes") or {})
         if slots:
             merge_digest(states.setdefault((rollout_id, attempt_id), {}), sequence_id, slots)
+    if written:  # the digests are there, without counts: set those (each attempt with a model call)
+        p = d.param
+        conn.cursor().executemany(
+            f"UPDATE digests SET {', '.join(f'{c}={p}' for c in COUNT_COLUMNS)} "
+            f"WHERE rollout_id={p} AND attempt_id={p}",
+            [
+                (*digest_row(rid, aid, 0, state)[-len(COUNT_COLUMNS) :], rid, aid)
+                for (rid, aid), state in states.items()
+                if any(slot in state for slot in DIGEST_COUNTS)
+            ],
+        )
+        return
     write_digests(conn, d, states)
     conn.execute("UPDATE counters SET value=value+1 WHERE name='digests'")  # done, even with none
 

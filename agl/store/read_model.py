@@ -43,7 +43,12 @@ class StoreStatistics(BaseModel):
 class AttemptDigest(BaseModel):
     """What a list of rollouts shows of an attempt without reading its spans, kept by the store as the
     spans arrive: its last model reply (text and tool-call names), the type of its last exception,
-    its final reward (as ``agl.adapter.final_reward``) and the agent named on its first reward span."""
+    its final reward (as ``agl.adapter.final_reward``), the agent named on its first reward span, and
+    its model calls, the tool calls their replies asked for and their completion tokens.
+
+    One call is often recorded twice, by the gateway and by a client-side tracer: the counts are kept
+    per source, and ``calls`` is the larger source's count, with that source's tool calls and
+    completion tokens (the gateway's when both counted as many calls)."""
 
     rollout_id: str
     attempt_id: str
@@ -51,6 +56,9 @@ class AttemptDigest(BaseModel):
     error_type: str | None = None
     reward: float | None = None
     agent: str | None = None
+    calls: int = 0
+    tool_calls: int = 0
+    completion_tokens: int = 0
     #: increases with every change the store makes to a digest (0 where the store keeps none)
     stamp: int = 0
 
@@ -66,7 +74,14 @@ DIGEST_SLOTS: dict[str, tuple[tuple[str, ...], bool]] = {
     "rl": (("rl_value",), False),
     "ag": (("ag_name",), True),
 }
-#: a digest's raw state: slot -> (sequence id, *values)
+#: count slot -> its columns: the model calls, their replies' tool calls and their completion tokens
+#: that the gateway (``gwn``) / a client-side tracer (``trn``) recorded; summed as spans arrive (so
+#: concurrent writers add up), never replaced
+DIGEST_COUNTS: dict[str, tuple[str, ...]] = {
+    "gwn": ("gw_calls", "gw_tool_calls", "gw_tokens"),
+    "trn": ("tr_calls", "tr_tool_calls", "tr_tokens"),
+}
+#: a digest's raw state: slot -> (sequence id, *values); count slot -> its counts
 DigestState = dict[str, tuple[Any, ...]]
 
 
@@ -88,6 +103,7 @@ def span_digest(name: str, attributes: Mapping[str, Any]) -> dict[str, tuple[Any
         response_id = attributes.get(sc.LLM_RESPONSE_ID)
         slot = "gw" if str(attributes.get(sc.LLM_SOURCE, "gateway")) == "gateway" else "tr"
         out[slot] = (str(response_id) if response_id else None, text)
+        out[f"{slot}n"] = (1, len(names), completion_tokens(attributes))
     elif name == sc.SPAN_EXCEPTION:
         out["err"] = (str(attributes.get(sc.EXCEPTION_TYPE)),)
     elif name == sc.SPAN_REWARD:
@@ -102,13 +118,39 @@ def span_digest(name: str, attributes: Mapping[str, Any]) -> dict[str, tuple[Any
     return out
 
 
+def completion_tokens(attributes: Mapping[str, Any]) -> int:
+    """A model call's completion tokens: the engine's token ids where recorded, else the reported usage
+    (as ``agl.adapter.behaviour`` counts them)."""
+    ids = attributes.get(sc.LLM_COMPLETION_TOKEN_IDS)
+    if isinstance(ids, list):
+        return len(ids)
+    usage = attributes.get(sc.LLM_USAGE)
+    reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return reported if isinstance(reported, int) and not isinstance(reported, bool) else 0
+
+
 def merge_digest(state: DigestState, sequence_id: int, slots: Mapping[str, tuple[Any, ...]]) -> None:
-    """Fold one span's slots into ``state``: the latest span wins a slot (the earliest for ``ag``)."""
+    """Fold one span's slots into ``state``: the latest span wins a slot (the earliest for ``ag``);
+    counts add up."""
     for slot, values in slots.items():
         known = state.get(slot)
+        if slot in DIGEST_COUNTS:
+            state[slot] = (
+                values if known is None else tuple(a + b for a, b in zip(known, values, strict=True))
+            )
+            continue
         first = DIGEST_SLOTS[slot][1]
         if known is None or (sequence_id < known[0] if first else sequence_id > known[0]):
             state[slot] = (sequence_id, *values)
+
+
+def merge_states(state: DigestState, other: DigestState) -> None:
+    """Fold another state into ``state``, as if its spans had been merged after this one's."""
+    for slot, values in other.items():
+        if slot in DIGEST_COUNTS:
+            merge_digest(state, 0, {slot: values})
+        else:
+            merge_digest(state, values[0], {slot: tuple(values[1:])})
 
 
 def resolve_digest(rollout_id: str, attempt_id: str, stamp: int, state: DigestState) -> AttemptDigest:
@@ -117,8 +159,9 @@ def resolve_digest(rollout_id: str, attempt_id: str, stamp: int, state: DigestSt
 
 
 def digest_values(state: DigestState) -> dict[str, Any]:
-    """A digest state's reply, error type, reward and agent. A tracer's record of the gateway's last
-    response is that response (the gateway's record wins, as in ``agl.adapter.llm_calls``)."""
+    """A digest state's reply, error type, reward, agent and counts. A tracer's record of the gateway's
+    last response is that response (the gateway's record wins, as in ``agl.adapter.llm_calls``); the
+    counts are the source's with more calls (see :class:`AttemptDigest`)."""
     gw, tr = state.get("gw"), state.get("tr")
     reply = None
     if tr is not None and (gw is None or (tr[0] > gw[0] and not (tr[1] and tr[1] == gw[1]))):
@@ -131,10 +174,19 @@ def digest_values(state: DigestState) -> dict[str, Any]:
         "error_type": state["err"][1] if "err" in state else None,
         "reward": reward[1] if reward else None,
         "agent": state["ag"][1] if "ag" in state else None,
+        **counts_of(state.get("gwn"), state.get("trn")),
     }
 
 
-RolloutSort = Literal["created", "reward", "duration"]
+def counts_of(gateway: Sequence[int] | None, tracer: Sequence[int] | None) -> dict[str, int]:
+    """The digest's counts from each source's (calls, tool calls, completion tokens): the source with
+    more calls, the gateway when tied."""
+    chosen = tracer if tracer and (not gateway or tracer[0] > gateway[0]) else gateway
+    calls, tools, tokens = chosen or (0, 0, 0)
+    return {"calls": int(calls), "tool_calls": int(tools), "completion_tokens": int(tokens)}
+
+
+RolloutSort = Literal["created", "reward", "duration", "calls"]
 
 
 class RolloutSearch(WireModel):
@@ -142,8 +194,9 @@ class RolloutSearch(WireModel):
 
     ``text`` is a case-insensitive substring of the rollout id, its input (a string as itself, anything
     else as compact JSON) or its latest attempt's last reply; ``agent``, ``error_type`` and the reward
-    sort read that attempt's digest; ``metadata`` keys must equal the given values. Sorts put rollouts
-    without a value (no reward, not ended) last; ties go newest first.
+    sort, and the calls bounds and sort (a rollout without a digest made none) read that attempt's digest;
+    ``metadata`` keys must equal the given values. Sorts put rollouts without a value (no reward, not
+    ended) last; ties go newest first.
     """
 
     text: str | None = None
@@ -157,6 +210,9 @@ class RolloutSearch(WireModel):
     #: the latest attempt's final reward within these bounds (inclusive); a rollout without one never matches
     reward_min: float | None = None
     reward_max: float | None = None
+    #: the latest attempt's model calls (``AttemptDigest.calls``) within these bounds (inclusive)
+    calls_min: int | None = Field(None, ge=0, le=10**15)
+    calls_max: int | None = Field(None, ge=0, le=10**15)
     sort: RolloutSort = "created"
     descending: bool = True
     limit: int = Field(50, ge=1, le=10_000)
@@ -322,6 +378,7 @@ def search(rows: InProcessRows, q: RolloutSearch) -> RolloutMatches:
         equal.append(("resources_id", q.resources_id))
     equal_facts = [(k, v) for k, v in (("agent", q.agent), ("error_type", q.error_type)) if v is not None]
     bounded = q.reward_min is not None or q.reward_max is not None
+    counted = q.calls_min is not None or q.calls_max is not None
     found: list[tuple[int, Any, Rollout, tuple[str, str] | None]] = []
     for pos, (rid, rollout) in enumerate(rows.rollouts.items()):
         if (
@@ -334,17 +391,20 @@ def search(rows: InProcessRows, q: RolloutSearch) -> RolloutMatches:
         key = (rid, attempts[-1]) if attempts else None
         kept = rows.digests.get(key) if key else None
         unmatched = needle is not None and needle not in rows.search_texts[rid]
-        wanted = equal_facts or unmatched or bounded or q.sort == "reward"
+        wanted = equal_facts or unmatched or bounded or counted or q.sort in ("reward", "calls")
         facts = digest_values(kept[1]) if kept and wanted else {}
         if (
             (equal_facts and any(facts.get(k) != v for k, v in equal_facts))
             or (unmatched and needle not in (facts.get("reply") or "").lower())
             or (bounded and not _within(facts.get("reward"), q.reward_min, q.reward_max))
+            or (counted and not _within(facts.get("calls", 0), q.calls_min, q.calls_max))
         ):
             continue
-        value = (
-            pos if q.sort == "created" else facts.get("reward") if q.sort == "reward" else duration_s(rollout)
-        )
+        value: Any = pos
+        if q.sort == "duration":
+            value = duration_s(rollout)
+        elif q.sort != "created":  # a digest's reward (None: none) or calls (0: no digest)
+            value = facts.get(q.sort, 0 if q.sort == "calls" else None)
         found.append((pos, value, rollout, key if kept else None))
     found.reverse()  # newest first, and a stable sort keeps ties so
     known = sorted((x for x in found if x[1] is not None), key=lambda x: x[1], reverse=q.descending)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import httpx
 import pytest
 
 from agl import semconv as sc
+from agl.adapter import llm_calls
+from agl.adapter.behaviour import rollout_behaviour
 from agl.asgi_server import BackgroundServer
 from agl.dashboard import standalone_app
 from tests.dashboard.conftest import API_KEY, CRITIQUE, PROMPT_V1, TOKEN, Filled
@@ -323,6 +326,54 @@ def test_search_sort_and_filters(http: httpx.Client, filled: Filled) -> None:
     ):
         bad = http.get("/ui/api/rollouts", params=params)
         assert bad.status_code == 422 and bad.json()["error"]["field"] == field
+
+
+async def _behaviour(filled: Filled, rollout_ids: list[str]) -> dict[str, tuple[int, int, int]]:
+    """(calls, tool calls, completion tokens) of each rollout's latest attempt, as the behaviour metrics
+    read them from its spans (tool calls: those its replies asked for)."""
+    store = filled.client()
+    out = {}
+    for rid in rollout_ids:
+        spans = (await store.query_spans(rollout_id=rid, attempt_id="latest", limit=1000)).items
+        did = rollout_behaviour(spans)
+        tools = sum(
+            len(c.tool_calls or (c.response_message or {}).get("tool_calls") or []) for c in llm_calls(spans)
+        )
+        out[rid] = (int(did["calls"]), tools, int(did["completion_tokens"]))
+    await store.aclose()
+    return out
+
+
+def test_each_rollout_lists_its_calls_tool_calls_and_completion_tokens(
+    http: httpx.Client, filled: Filled
+) -> None:
+    """Every call is recorded twice (the gateway and the openai tracer): the list counts it once, as the
+    spans read by the training adapters do; the calls filter and sort read the same counts."""
+    listed = {r["rollout_id"]: r for r in get(http, "rollouts", limit=1000)["items"]}
+    want = asyncio.run(_behaviour(filled, list(listed)))
+    got = {rid: (r["calls"], r["tool_calls"], r["completion_tokens"]) for rid, r in listed.items()}
+    assert got == want
+    assert got[filled.tool_rollout][:2] == (2, 1) and got[filled.queued] == (0, 0, 0)
+    searched = {
+        r["rollout_id"]: r["calls"] for r in get(http, "rollouts", q="lookup tool", limit=1000)["items"]
+    }
+    assert searched and all(calls == got[rid][0] for rid, calls in searched.items())
+    for low, high in ((2, None), (1, 1), (0, 0), (3, None)):
+        bounds = {"calls_min": low, **({} if high is None else {"calls_max": high})}
+        found = [r["rollout_id"] for r in get(http, "rollouts", limit=1000, **bounds)["items"]]
+        assert set(found) == {
+            rid for rid, (calls, _, _) in got.items() if calls >= low and (high is None or calls <= high)
+        }
+    ranked = [r["calls"] for r in get(http, "rollouts", sort="calls", limit=1000)["items"]]
+    assert ranked == sorted(ranked, reverse=True) and ranked[0] == 2
+    for params, field in (
+        ({"calls_min": "-1"}, "calls_min"),
+        ({"calls_min": "two"}, "calls_min"),
+        ({"calls_max": "1.5"}, "calls_max"),
+        ({"calls_max": str(10**16)}, "calls_max"),
+    ):
+        bad = http.get("/ui/api/rollouts", params=params)
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == field, bad.text
 
 
 def test_an_unnamed_agent_is_listed_by_its_function_name(http: httpx.Client, filled: Filled) -> None:

@@ -282,6 +282,39 @@ def test_search_sort_and_filter_rollouts(page: Any, filled: Filled) -> None:
     assert page.locator("#rollouts td.agent").all_inner_texts() == ["shop_agent"] * 4
 
 
+def test_filter_on_calls_and_see_what_each_rollout_did(page: Any, filled: Filled) -> None:
+    """Each call is recorded by the gateway and the openai tracer: the columns count it once."""
+    page.goto(f"{filled.url}/ui/#/rollouts")
+    page.wait_for_function("document.querySelectorAll('#rollouts tr[data-rollout]').length > 0")
+    heads = page.locator("#rollouts thead th").all_text_contents()
+    assert heads[heads.index("calls") :][:3] == ["calls", "tool calls", "completion tokens"]
+    page.fill("#calls-min", "2")
+    page.press("#calls-min", "Enter")
+    page.wait_for_function("location.hash.includes('calls_min=2')")
+    looked_up = {
+        r for r, w in filled.rewards.items() if filled.versions.get(r) == filled.v2 and w in (0.6, 0.8, 0.9)
+    }
+    page.wait_for_function(
+        f"document.querySelectorAll('#rollouts tr[data-rollout]').length === {len(looked_up)}"
+    )
+    assert set(rows(page)) == looked_up  # the tool call, then the answer
+    assert page.locator("#rollouts td.calls").all_inner_texts() == ["2"] * len(looked_up)
+    assert page.locator("#rollouts td.tool-calls").all_inner_texts() == ["1"] * len(looked_up)
+    assert page.locator("#rollouts td.tokens").all_inner_texts() == ["10"] * len(looked_up)
+    page.screenshot(path=SHOTS / "calls-filter.png")
+    page.fill("#calls-max", "1")
+    page.press("#calls-max", "Enter")
+    page.wait_for_function("location.hash.includes('calls_max=1')")
+    page.wait_for_selector("#rollouts td.empty")  # at least 2 and at most 1: none
+    page.fill("#calls-min", "1")
+    page.press("#calls-min", "Enter")
+    page.wait_for_function("location.hash.includes('calls_min=1')")
+    page.wait_for_function("document.querySelectorAll('#rollouts tr[data-rollout]').length > 0")
+    once = set(rows(page))
+    assert filled.tool_rollout not in once and filled.queued not in once
+    assert set(page.locator("#rollouts td.calls").all_inner_texts()) == {"1"}
+
+
 def test_the_transcript_shows_each_message_once(page: Any, filled: Filled) -> None:
     page.goto(f"{filled.url}/ui/#/rollout/{filled.tool_rollout}")
     second = page.locator("#transcript .card.llm").nth(1)

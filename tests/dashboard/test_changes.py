@@ -14,10 +14,10 @@ import pytest
 
 from agl import semconv as sc
 from agl.asgi_server import BackgroundServer
-from agl.dashboard import mount_dashboard
+from agl.dashboard import create_dashboard, mount_dashboard
 from agl.dashboard.changes import task_key
-from agl.schemas import AttemptStatus, ModelWeights, RolloutCreate
-from agl.store import SqliteLightningStore
+from agl.schemas import AttemptStatus, ModelWeights, ResourcesVersion, RolloutCreate, Span
+from agl.store import InMemoryLightningStore, SqliteLightningStore
 from agl.store.server import create_app
 from tests.adapter.spans import SpanMaker
 from tests.dashboard.conftest import SHOTS
@@ -105,6 +105,41 @@ def test_one_task_at_every_version_with_its_calls_and_tool_use(served: tuple[str
     assert rows == [(1, 0.0, "I think 5", 1, 0), (2, 1.0, "7 [tool call lookup]", 1, 1)]
     assert get(url, f"rollouts/{ids['rollouts'][('sum', 1)]}/task", mode="train")["rollouts"] == []
     assert get(url, "rollouts/ro-nope/task", 404)["error"]["type"] == "NotFoundError"
+
+
+class _CountingStore(InMemoryLightningStore):
+    """An in-memory store that counts the resources versions read from it."""
+
+    reads = 0
+
+    async def get_resources(self, resources_id: str) -> ResourcesVersion:
+        self.reads += 1
+        return await super().get_resources(resources_id)
+
+
+async def test_a_polled_comparison_reads_each_version_once_and_sees_new_ones() -> None:
+    store = _CountingStore(watchdog_interval_s=0)
+
+    async def version_with_val_runs(reward: float) -> None:
+        version = await store.add_resources({})
+        for task in ("a", "b"):
+            started = await store.start_rollout(
+                RolloutCreate(input=task, mode="val", resources_id=version.resources_id)
+            )
+            rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+            await store.add_spans([Span.new(rid, aid, sc.SPAN_REWARD, {sc.REWARD_VALUE: reward})])
+
+    await version_with_val_runs(0.0)
+    await version_with_val_runs(1.0)
+    transport = httpx.ASGITransport(create_dashboard(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://ui") as http:
+        first = (await http.get("/ui/api/changes")).json()
+        assert [v["version"] for v in first["versions"]] == [1, 2] and len(first["changed"]) == 2
+        assert (await http.get("/ui/api/changes")).json() == first and store.reads == 2  # read once
+        await version_with_val_runs(0.5)  # a new version: read when it first ran a val task
+        third = (await http.get("/ui/api/changes")).json()
+        assert [v["version"] for v in third["versions"]] == [1, 2, 3] and store.reads == 3
+    await store.aclose()
 
 
 def test_the_page_lists_what_changed_and_opens_one_task_across_versions(

@@ -201,6 +201,46 @@ async def test_a_read_sees_the_span_counters_and_digests_of_its_group(
         assert (4, False) in groups  # one pipelined group held the four calls
 
 
+async def test_digest_counts_add_up_across_a_group_and_across_servers(groups: list[tuple[int, bool]]) -> None:
+    """Calls recorded by the gateway and a tracer, written at once through two servers on one schema
+    and, on the first, in groups of calls: every call counts once, none is lost to another writer."""
+    async with postgres_store(connections=1) as first:
+        assert isinstance(first, PostgresLightningStore)
+        second = PostgresLightningStore(PG_DSN, schema=first.schema, watchdog_interval_s=0)
+        try:
+            await first.enqueue_rollouts([RolloutCreate(input=0)])
+            claimed = await first.dequeue("w")
+            assert claimed is not None
+            rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+
+            def call(response_id: str, source: str) -> Span:
+                reply = {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "t"}}]}
+                return Span.new(
+                    rid,
+                    aid,
+                    "agl.llm.call",
+                    {
+                        "agl.llm.api": "chat.completions",
+                        "agl.llm.source": source,
+                        "agl.llm.response_id": response_id,
+                        "agl.llm.response.message": reply,
+                        "agl.llm.usage": {"completion_tokens": 2},
+                    },
+                )
+
+            async def writer(store: PostgresLightningStore, n: int) -> None:
+                for k in range(5):
+                    await store.add_spans([call(f"{n}-{k}", "gateway"), call(f"{n}-{k}", "openinference")])
+
+            held = await _hold_the_database_thread(first, 0.3)  # the first's calls queue, then share groups
+            await asyncio.gather(*(writer(first if n % 2 else second, n) for n in range(8)), held)
+            (digest,) = (await second.query_digests(rollout_ids=[rid])).items
+            assert (digest.calls, digest.tool_calls, digest.completion_tokens) == (40, 40, 80)
+            assert any(n > 1 for n, _ in groups)
+        finally:
+            await second.aclose()
+
+
 async def test_nul_in_a_text_column_is_stored_as_replacement_character() -> None:
     """The Python API takes ids unchecked; PostgreSQL text cannot hold NUL, so it becomes U+FFFD there."""
     async with postgres_store() as store:

@@ -159,7 +159,7 @@ function askToken(message) {
 function rolloutsView(params) {
   const statuses = new Set((params.get("status") || "").split(",").filter(Boolean));
   const f = {};
-  for (const k of ["mode", "q", "sort", "order", "resources_id", "group_id", "agent", "error", "flagged", "reward_min", "reward_max"]) f[k] = params.get(k) || "";
+  for (const k of ["mode", "q", "sort", "order", "resources_id", "group_id", "agent", "error", "flagged", "reward_min", "reward_max", "calls_min", "calls_max"]) f[k] = params.get(k) || "";
   const cursors = [null]; // cursors of the pages seen, for "newer"
   let page = 0;
   let next = null;
@@ -196,7 +196,7 @@ function rolloutsView(params) {
     h("h2", {}, "Rollouts"),
     h("div", { class: "filters" }, text("search", "q", "search id, input or output text…"),
       h("span", { class: "mute" }, "sort:"),
-      select("sort", "sort", [["", "created"], ["reward", "reward"], ["duration", "duration"]]),
+      select("sort", "sort", [["", "created"], ["reward", "reward"], ["duration", "duration"], ["calls", "calls"]]),
       select("order", "order", [["", "descending"], ["asc", "ascending"]]),
       h("span", { class: "mute" }, " mode:"), select("mode", "mode", ["", "train", "val", "test", "online"].map((m) => [m, m || "all modes"])),
       h("span", { class: "mute" }, " resources:"), versionSelect),
@@ -205,10 +205,11 @@ function rolloutsView(params) {
       text("group", "group_id", "group id"), text("agent", "agent", "agent name"), h("span", { class: "mute" }, " error:"), errorSelect,
       h("span", { class: "mute" }, " reward ≥"), text("reward-min", "reward_min", "min"),
       h("span", { class: "mute" }, "≤"), text("reward-max", "reward_max", "max"),
+      h("span", { class: "mute" }, " calls ≥"), text("calls-min", "calls_min", "min"), h("span", { class: "mute" }, "≤"), text("calls-max", "calls_max", "max"),
       h("button", { class: "chip" + (f.flagged ? " on" : ""), id: "flagged-only", onclick: () => go({ flagged: f.flagged ? "" : "1" }) }, "★ flagged only")),
     exportBar(() => query({})),
     h("table", { id: "rollouts" },
-      h("thead", {}, h("tr", {}, ["", "rollout", "status", "mode", "reward", "agent", "attempts", "resources", "created", "duration", "input"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["", "rollout", "status", "mode", "reward", "agent", "calls", "tool calls", "completion tokens", "attempts", "resources", "created", "duration", "input"].map((c) => h("th", {}, c)))),
       body),
     h("div", { class: "pager" }, newer, older, pageLabel));
   return {
@@ -222,11 +223,12 @@ function rolloutsView(params) {
         class: "link", "data-rollout": r.rollout_id, onclick: () => { location.hash = "#/rollout/" + encodeURIComponent(r.rollout_id); },
       },
         h("td", {}, flagButton(r)), h("td", { class: "mono" }, r.rollout_id), h("td", {}, badge(r.status)), h("td", {}, r.mode),
-        h("td", { class: "reward" }, fmtReward(r.reward)), h("td", { class: "agent" }, r.agent || "–"), h("td", {}, r.num_attempts),
+        h("td", { class: "reward" }, fmtReward(r.reward)), h("td", { class: "agent" }, r.agent || "–"),
+        h("td", { class: "calls" }, r.calls), h("td", { class: "tool-calls" }, r.tool_calls), h("td", { class: "tokens" }, r.completion_tokens), h("td", {}, r.num_attempts),
         h("td", { class: "mono resources" }, idText(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
         h("td", { class: "nowrap duration" }, fmtDur(r.duration_s)),
         h("td", { class: "mono mute" }, preview(r.input)))));
-      if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 11, class: "empty" }, "No rollouts match.")));
+      if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 14, class: "empty" }, "No rollouts match.")));
     },
   };
 }
