@@ -149,3 +149,33 @@ def test_a_call_replays_and_its_reply_shows_beside_the_recorded_one(page: Any, f
         first.locator(".replay-run").click()
         first.locator(".replay-error").wait_for()
     assert "could not reach" in first.locator(".replay-error").inner_text()
+
+
+def test_a_recorded_conversation_shows_no_null_input(browser: Any, tmp_path: Path) -> None:
+    """Production traffic (mode ``online``) has a conversation, not a task: the list and the rollout view
+    say so instead of printing ``null``."""
+    import asyncio
+    import concurrent.futures
+
+    from agl.asgi_server import BackgroundServer
+    from agl.dashboard import mount_dashboard
+    from agl.schemas import RolloutCreate
+    from agl.store import SqliteLightningStore
+    from agl.store.server import create_app
+
+    store = SqliteLightningStore(str(tmp_path / "online.db"))
+    create = RolloutCreate(input=None, mode="online")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # Playwright's loop runs in this thread
+        started = pool.submit(asyncio.run, store.start_rollout(create)).result().rollout
+    app = mount_dashboard(create_app(store, token="t"), store, token="t")
+    with BackgroundServer(app) as server:
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        page.goto(f"{server.url}/ui/?token=t")
+        row = page.locator(f'#rollouts tbody tr[data-rollout="{started.rollout_id}"]')
+        assert "(a recorded conversation)" in row.inner_text() and "null" not in row.inner_text()
+        row.click()
+        page.wait_for_selector("text=(a recorded conversation)")
+        assert "null" not in page.locator(".kv").first.inner_text()
+        context.close()

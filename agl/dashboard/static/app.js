@@ -79,6 +79,8 @@ const fmtNum = (v, digits = 3) => (v === null || v === undefined ? "–" : Numbe
 // An id in a narrow column: the whole id is the text (what a copy gets); a long one is cut on screen
 // with an ellipsis by CSS, and its title shows it in full.
 const idText = (id) => (id ? h("span", { class: "mono id", title: String(id) }, String(id)) : "–");
+// a rollout with no task: production traffic the gateway recorded has its conversation, not an input
+function noInput(r) { return r.mode === "online" ? "– (a recorded conversation)" : "–"; }
 function preview(value, n = 80) {
   const text = typeof value === "string" ? value : JSON.stringify(value);
   return text && text.length > n ? text.slice(0, n) + "…" : text || "";
@@ -227,7 +229,7 @@ function rolloutsView(params) {
         h("td", { class: "calls" }, r.calls), h("td", { class: "tool-calls" }, r.tool_calls), h("td", { class: "tokens" }, r.completion_tokens), h("td", {}, r.num_attempts),
         h("td", { class: "mono resources" }, idText(r.resources_id)), h("td", { class: "nowrap" }, fmtTime(r.created_at)),
         h("td", { class: "nowrap duration" }, fmtDur(r.duration_s)),
-        h("td", { class: "mono mute" }, preview(r.input)))));
+        h("td", { class: "mono mute" }, r.input === null ? noInput(r) : preview(r.input)))));
       if (!data.items.length) body.append(h("tr", {}, h("td", { colspan: 14, class: "empty" }, "No rollouts match.")));
     },
   };
@@ -294,7 +296,7 @@ function rolloutView(rolloutId, params) {
               r.resources_version ? ` (resources v${r.resources_version}` + (r.model_version ? ` · weights ${r.model_version})` : ")") : ""] : "–"),
           h("span", {}, "group"), h("span", { class: "mono" }, r.group_id ? h("a", { href: "#/group/" + encodeURIComponent(r.group_id), id: "group-link" }, r.group_id) : "–"),
           h("span", {}, "created / ended"), h("span", { id: "rollout-times" }, fmtTime(r.created_at) + " → " + fmtTime(r.ended_at) + (r.duration_s !== null ? ` (${fmtDur(r.duration_s)})` : "")),
-          h("span", {}, "input"), h("pre", {}, pretty(r.input))),
+          h("span", {}, "input"), r.input === null ? h("span", { class: "mute" }, noInput(r)) : h("pre", {}, pretty(r.input))),
         h("h3", {}, `Attempts (${data.attempts.length})`), attempts,
         h("h3", {}, `Span tree and timeline (${data.spans_truncated ? "the first " : ""}${data.spans.length} span${data.spans.length === 1 ? "" : "s"}) · click a span for all its attributes`),
         h("div", { class: "trace-wrap" }, data.spans.length ? traceTable(data.spans, select) : h("div", { class: "empty" }, "No spans."), detail),

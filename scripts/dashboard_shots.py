@@ -1,0 +1,112 @@
+"""Screenshots of the dashboard on a store, for checking a real run by eye (headless Chromium via Playwright).
+
+Starts `agl store serve` on the store and `agl dashboard` in front of it, opens each page a person looks at
+first, and writes a PNG of each to --out: the rollout list, the list filtered on calls and sorted by reward,
+the rollout with the most calls, the curves, and what changed between the first and the last version.
+
+    python scripts/dashboard_shots.py --store sqlite:///results/calc/store.db --out results/dashboard-shots
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+TOKEN = "shots-token"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
+
+
+def shoot(base: str, out: Path, calls_min: int) -> list[Path]:
+    """Open each page and write its screenshot; returns the files."""
+    from playwright.sync_api import sync_playwright
+
+    api = {"authorization": f"Bearer {TOKEN}"}
+    listed = httpx.get(f"{base}/ui/api/rollouts", params={"limit": 1, "sort": "calls"}, headers=api).json()
+    busiest = listed["items"][0]["rollout_id"] if listed.get("items") else None
+    pages = {
+        "list": "#/rollouts",
+        "list-calls": f"#/rollouts?calls_min={calls_min}&sort=reward&order=desc",
+        "curves": "#/curves",
+        "changes": "#/changes",
+    }
+    if busiest:
+        pages["rollout"] = f"#/rollout/{busiest}"
+    written = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{base}/ui/?token={TOKEN}")
+        for name, route in pages.items():
+            page.goto(f"{base}/ui/{route}")
+            page.wait_for_load_state("networkidle")
+            time.sleep(1.0)  # charts draw after their data arrives
+            path = out / f"{name}.png"
+            page.screenshot(path=str(path), full_page=False)
+            written.append(path)
+        browser.close()
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--store", required=True, help="a store URL: sqlite:///path.db or postgresql://...")
+    parser.add_argument("--out", type=Path, default=Path("results/dashboard-shots"))
+    parser.add_argument("--calls-min", type=int, default=3, help="the filtered list's lower bound on calls")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    store_port, ui_port = free_port(), free_port()
+    env = dict(os.environ)
+    agl = [sys.executable, "-m", "agl"]
+    procs = [
+        subprocess.Popen(
+            [*agl, "store", "serve", "--backend", args.store, "--port", str(store_port)], env=env
+        ),
+    ]
+    try:
+        wait(f"http://127.0.0.1:{store_port}/health")
+        procs.append(
+            subprocess.Popen(
+                [*agl, "dashboard", "--store", f"http://127.0.0.1:{store_port}", "--port", str(ui_port),
+                 "--token", TOKEN],
+                env=env,
+            )
+        )  # fmt: skip
+        base = f"http://127.0.0.1:{ui_port}"
+        wait(f"{base}/ui/")
+        for path in shoot(base, args.out, args.calls_min):
+            print(path)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
