@@ -9,6 +9,11 @@ added latency is the difference of the percentiles. On a 2-core machine the clie
 upstream share the cores, so the req/s figures are a floor for the gateway alone.
 
     python benchmarks/gateway_overhead.py --seconds 4 --json out.jsonl
+    python benchmarks/gateway_overhead.py --online     # production traffic: plain /v1, conversations of 4 calls
+
+``--online`` measures the gateway as ``agl gateway serve --record-unattributed`` runs it: calls on the plain
+``/v1`` route, each conversation (an ``x-agl-session-id`` per 4 calls of a connection) recorded as a rollout
+of mode ``online`` created in the background.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ class _Discard(list):  # type: ignore[type-arg]
         pass
 
 
-def serve_gateway(upstream: str, store_url: str) -> None:
+def serve_gateway(upstream: str, store_url: str, online: str = "") -> None:
     """Child role: a gateway recording into ``store_url``, with one running rollout, until stdin closes.
 
     ``sqlite`` (the default store) keeps spans off the Python heap; ``memory://`` keeps every span as
@@ -60,7 +65,7 @@ def serve_gateway(upstream: str, store_url: str) -> None:
     """
     import tempfile
 
-    from agl.gateway import Gateway
+    from agl.gateway import Gateway, GatewayConfig
     from agl.schemas.rollout import RolloutCreate
     from agl.store import open_store
 
@@ -69,6 +74,11 @@ def serve_gateway(upstream: str, store_url: str) -> None:
     store = open_store(store_url, watchdog_interval_s=0)
     started = asyncio.run(store.start_rollout(RolloutCreate(input="bench")))
     rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+    if online:
+        with Gateway(store, [upstream], GatewayConfig(record_unattributed=True)) as gw:
+            print(json.dumps({"base_url": gw.base_url, "url": gw.url}), flush=True)
+            sys.stdin.read()
+        return
     with Gateway(store, [upstream]) as gw:
         print(json.dumps({"base_url": gw.rollout_base_url(rid, aid), "url": gw.url}), flush=True)
         sys.stdin.read()
@@ -94,18 +104,23 @@ def spawn(*role: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
 class RawConnection:
     """A minimal HTTP/1.1 keep-alive client connection: the client side costs little, so the figures are the servers'."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, session: str | None = None) -> None:
         self.parts = urlsplit(url)
+        self.session, self.calls = session, 0  # online: a new conversation every 4 calls
 
     async def open(self) -> RawConnection:
         self.reader, self.writer = await asyncio.open_connection(self.parts.hostname, self.parts.port)
         self.writer.transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         head = f"POST {self.parts.path} HTTP/1.1\r\nhost: {self.parts.netloc}\r\ncontent-type: application/json\r\n"
-        self.request = f"{head}content-length: {len(PAYLOAD)}\r\n\r\n".encode() + PAYLOAD
+        self.head, self.body = head.encode(), f"content-length: {len(PAYLOAD)}\r\n\r\n".encode() + PAYLOAD
         return self
 
     async def call(self) -> int:
-        self.writer.write(self.request)
+        session = b""
+        if self.session is not None:
+            session = f"x-agl-session-id: {self.session}-{self.calls // 4}\r\n".encode()
+            self.calls += 1
+        self.writer.write(self.head + session + self.body)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head.split(b" ", 2)[1])
         length = next(
@@ -125,10 +140,15 @@ class RawConnection:
         self.writer.close()
 
 
-async def block(url: str, concurrency: int, seconds: float) -> tuple[list[float], float]:
+async def block(
+    url: str, concurrency: int, seconds: float, online: bool = False
+) -> tuple[list[float], float]:
     """Latencies (ms) of calls by ``concurrency`` connections for ``seconds``, and the achieved req/s."""
     latencies: list[float] = []
-    connections = [await RawConnection(url).open() for _ in range(concurrency)]
+    tag = os.urandom(4).hex()
+    connections = [
+        await RawConnection(url, f"{tag}-c{n}" if online else None).open() for n in range(concurrency)
+    ]
     deadline = time.perf_counter() + seconds
 
     async def worker(conn: RawConnection) -> None:
@@ -153,14 +173,16 @@ def pct(values: list[float], q: float) -> float:
     )
 
 
-async def measure(direct: str, gateway: str, concurrency: int, seconds: float, blocks: int) -> dict[str, Any]:
+async def measure(
+    direct: str, gateway: str, concurrency: int, seconds: float, blocks: int, online: bool = False
+) -> dict[str, Any]:
     for url in (direct, gateway):  # warm connections and code paths
-        await block(url, concurrency, 0.3)
+        await block(url, concurrency, 0.3, online and url == gateway)
     lat: dict[str, list[float]] = {"direct": [], "gateway": []}
     rps: dict[str, list[float]] = {"direct": [], "gateway": []}
     for _ in range(blocks):
         for name, url in (("direct", direct), ("gateway", gateway)):
-            values, rate = await block(url, concurrency, seconds / blocks)
+            values, rate = await block(url, concurrency, seconds / blocks, online and name == "gateway")
             lat[name] += values
             rps[name].append(rate)
     out: dict[str, Any] = {"concurrency": concurrency}
@@ -177,12 +199,12 @@ async def measure(direct: str, gateway: str, concurrency: int, seconds: float, b
 def measure_all(args: argparse.Namespace) -> dict[str, Any]:
     """One measurement: a fresh upstream and gateway, every concurrency level, the gateway's span counts."""
     upstream, up = spawn("upstream")
-    gateway, gw = spawn("gateway", up["base_url"], args.store)
+    gateway, gw = spawn("gateway", up["base_url"], args.store, "online" if args.online else "")
     try:
         direct_url = f"{up['base_url']}/chat/completions"
         gateway_url = f"{gw['base_url']}/chat/completions"
         levels = [
-            asyncio.run(measure(direct_url, gateway_url, c, args.seconds, args.blocks))
+            asyncio.run(measure(direct_url, gateway_url, c, args.seconds, args.blocks, args.online))
             for c in args.concurrency
         ]
         httpx.post(f"{gw['url']}/admin/flush", timeout=30).raise_for_status()  # spans are written off-path
@@ -197,6 +219,7 @@ def measure_all(args: argparse.Namespace) -> dict[str, Any]:
         "clients": "asyncio tasks, one raw HTTP/1.1 keep-alive connection each, in a process of their own",
         "cpus": os.cpu_count(),
         "store": args.store,
+        "online": args.online,
         "levels": levels,
         "recorded_spans": stats["recorded_spans"],
         "dropped_spans": stats["dropped_spans"],
@@ -214,11 +237,14 @@ def main() -> None:
     parser.add_argument(
         "--store", default="sqlite", help="the gateway's store: sqlite (a temp file) or memory://"
     )
+    parser.add_argument(
+        "--online", action="store_true", help="production traffic: --record-unattributed, sessions on /v1"
+    )
     parser.add_argument("--role", nargs="+", help=argparse.SUPPRESS)
     _results.add_arguments(parser, repeat=True)
     args = parser.parse_args()
     if args.role:
-        serve_upstream() if args.role[0] == "upstream" else serve_gateway(args.role[1], args.role[2])
+        serve_upstream() if args.role[0] == "upstream" else serve_gateway(*args.role[1:])
         return
     recorder = _results.Recorder("gateway_overhead", args)
     runs = []
@@ -249,7 +275,7 @@ def main() -> None:
             for i, c in enumerate(args.concurrency)
             for key in ("added_p50_ms", "added_p99_ms", "gateway_rps", "direct_rps")
         },
-        variant=_results.backend_name(args.store),
+        variant=_results.backend_name(args.store) + ("-online" if args.online else ""),
         better="lower",
     )
 
