@@ -100,6 +100,28 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+class Follow:
+    """A JSONL file another process appends to: each call of :meth:`new` returns the lines completed since."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def new(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        done = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self.offset += len(done)
+        return [json.loads(line) for line in done.splitlines() if line.strip()]
+
+
 def client(args: argparse.Namespace) -> None:
     """Production traffic: the calc agent's conversations, ``--concurrency`` at a time, until ``--stop`` exists."""
     import openai
@@ -132,8 +154,7 @@ def client(args: argparse.Namespace) -> None:
             "started": started,
             "ended": time.time(),
         }
-        with args.log.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(args.log, row)
 
     async def main() -> None:
         api = openai.AsyncOpenAI(base_url=args.gateway + "/v1", api_key="sk-app", max_retries=2)
@@ -152,17 +173,13 @@ def user(args: argparse.Namespace) -> None:
     from agl.errors import GatewayError, InvalidRequestError
 
     rng = random.Random(args.seed + 1)
-    seen: set[str] = set()
+    outcomes = Follow(args.outcomes)
     due: list[tuple[float, dict[str, Any]]] = []
     while True:
-        for row in read_jsonl(args.outcomes):
-            if row["session"] in seen:
-                continue
-            seen.add(row["session"])
+        fresh = outcomes.new()
+        for row in fresh:
             if row["reward"] is None or rng.random() < args.never:
-                verdict = {"session": row["session"], "decision": "never", "at": time.time()}
-                with args.log.open("a") as f:
-                    f.write(json.dumps(verdict) + "\n")
+                append_jsonl(args.log, {"session": row["session"], "decision": "never", "at": time.time()})
                 continue
             due.append((time.time() + rng.uniform(args.min_delay, args.max_delay), row))
         now = time.time()
@@ -185,9 +202,8 @@ def user(args: argparse.Namespace) -> None:
                 "at": time.time(),
                 "answer": answer,
             }
-            with args.log.open("a") as f:
-                f.write(json.dumps(verdict) + "\n")
-        if args.stop.exists() and not due and set(r["session"] for r in read_jsonl(args.outcomes)) <= seen:
+            append_jsonl(args.log, verdict)
+        if args.stop.exists() and not due and not fresh:
             return
         time.sleep(0.5)
 
