@@ -58,6 +58,11 @@ def recipe_args(
         "--temperature", type=float, default=0.7, help="sampling temperature of training rollouts"
     )
     parser.add_argument(
+        "--refill",
+        action="store_true",
+        help="dynamic sampling: set aside groups whose rewards tie and draw more tasks until a step has signal",
+    )
+    parser.add_argument(
         "--out", type=Path, default=None, help=f"output folder (default: results/{name}[-tiny])"
     )
     teacher = parser.add_argument_group("warm start from a teacher instead of the gold-derived traces")
@@ -257,6 +262,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         precision=args.precision,
         seed=args.seed,
         warm_start=warm_start(recipe, args),
+        refill=args.refill,
         **recipe.grpo,
     )
     started = time.perf_counter()
@@ -296,6 +302,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         "sft_steps": args.sft_steps,
         "sft_lr": args.sft_lr,
         "temperature": args.temperature,
+        "refill": args.refill,
         "warm_start_from": args.teacher or ("gold-derived traces" if args.sft_steps else None),
         "wall_time_s": round(wall, 1),
         "seed": args.seed,

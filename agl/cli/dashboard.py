@@ -27,6 +27,7 @@ def dashboard(
     """Serve the dashboard at http://HOST:PORT/ui/, reading the store at --store over HTTP."""
     import uvicorn
 
+    from agl.asgi_server import tune_gc_for_serving
     from agl.dashboard import standalone_app
     from agl.store.client import LightningStoreClient
 
@@ -41,4 +42,5 @@ def dashboard(
     client = LightningStoreClient(store, token=token, retries=1)
     application = standalone_app(client, token=token, metrics_dir=metrics_dir)
     typer.echo(f"agl dashboard for {store} on http://{host}:{port}/ui/")
+    tune_gc_for_serving()
     uvicorn.run(application, host=host, port=port, log_level="warning", access_log=False)

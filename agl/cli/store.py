@@ -38,6 +38,7 @@ def serve(
     and the dashboard at /ui."""
     import uvicorn
 
+    from agl.asgi_server import tune_gc_for_serving
     from agl.dashboard import mount_dashboard
     from agl.store.server import create_app
 
@@ -50,7 +51,7 @@ def serve(
     # mounted here, not in agl.store.server: the store layer must not import the dashboard
     application = mount_dashboard(application, store, token=token, metrics_dir=metrics_dir)
     typer.echo(f"agl store serving {backend} on http://{host}:{port} (dashboard: /ui/)")
-    _tune_gc_for_serving()
+    tune_gc_for_serving()
     uvicorn.run(
         application,
         host=host,
@@ -60,21 +61,6 @@ def serve(
         loop="uvloop",
         http="httptools",
     )
-
-
-def _tune_gc_for_serving() -> None:
-    """Fewer cyclic-GC passes in this dedicated server process.
-
-    Every span batch allocates thousands of short-lived containers (nested attributes) and almost
-    none form cycles, so CPython's default young-generation threshold (700) runs the collector
-    several times per request for nothing; with the startup heap frozen out of its scans and a
-    larger threshold the server spent less CPU per request.
-    """
-    import gc
-
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
 
 
 @app.command()

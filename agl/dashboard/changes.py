@@ -132,6 +132,7 @@ def _version_view(v: ResourcesVersion, cells: dict[str, _Cell]) -> dict[str, Any
         "resources_id": v.resources_id,
         "version": v.version,
         "model_version": views.model_version(v),
+        "label": views.version_label(v),
         "tasks": len(cells),
         "mean": sum(means) / len(means) if means else None,
     }
@@ -245,6 +246,7 @@ async def task_history(
                 "resources_id": r.resources_id,
                 "version": version.version if version else None,
                 "model_version": views.model_version(version) if version else None,
+                "label": views.version_label(version) if version else None,
                 "reward": row.digest.reward if row.digest else None,
                 "reply": row.digest.reply if row.digest else None,
                 "calls": int(did["calls"]),

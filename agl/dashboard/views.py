@@ -345,6 +345,12 @@ def model_version(version: ResourcesVersion) -> str | None:
     return None
 
 
+def version_label(version: ResourcesVersion) -> str | None:
+    """The name a resources version was published under (``agl eval`` labels each model), if any."""
+    label = version.metadata.get("label")
+    return None if label is None else str(label)
+
+
 def version_view(version: ResourcesVersion) -> dict[str, Any]:
     """A resources version, secrets hidden, with its APO record (parent, round, critique) if it has one."""
     view: dict[str, Any] = redact(version.model_dump(mode="json"))
@@ -352,6 +358,7 @@ def version_view(version: ResourcesVersion) -> dict[str, Any]:
     view["apo"] = apo if isinstance(apo, dict) else None
     view["diff_parent_id"] = diff_parent(version)
     view["model_version"] = model_version(version)
+    view["label"] = version_label(version)
     return view
 
 

@@ -249,10 +249,11 @@ class _Evaluate(Algorithm):
         return None if self.target.path is None else ModelSpec(path=self.target.path)
 
     async def run(self, ctx: TrainingContext, train: Sequence[Any], val: Sequence[Any]) -> Evaluation:
+        # the label names the version in the store, so the dashboard compares "base" and "tuned", not v1, v2
         if self.target.llm is not None:
-            resources_id = await ctx.publish({"llm": self.target.llm})
+            resources_id = await ctx.publish({"llm": self.target.llm}, label=self.target.label)
         else:
-            resources_id = (await ctx.publish_policy()).resources_id
+            resources_id = (await ctx.publish_policy(label=self.target.label)).resources_id
         return await evaluate(
             ctx,
             train,

@@ -36,7 +36,10 @@ async def _fill(path: Path) -> dict[str, Any]:
     ids: dict[str, Any] = {"rollouts": {}}
     for n in (1, 2):
         weights = ModelWeights(uri=f"/tmp/w{n}", version=f"v{n}")
-        version = await store.add_resources({"policy": weights}, metadata={"model_version": f"v{n}"})
+        label = ("base", "tuned")[n - 1]  # as agl eval names the models it compares
+        version = await store.add_resources(
+            {"policy": weights}, metadata={"model_version": f"v{n}", "label": label}
+        )
         ids[f"v{n}"] = version.resources_id
         for task, runs in RUNS.items():
             reward, reply = runs[n - 1]
@@ -79,7 +82,7 @@ def test_the_tasks_whose_held_out_reward_moved_with_both_replies(served: tuple[s
     url, ids = served
     got = get(url, "changes")
     assert (got["before"], got["after"]) == (ids["v1"], ids["v2"])  # the first and the last version
-    assert [v["version"] for v in got["versions"]] == [1, 2]
+    assert [(v["version"], v["label"]) for v in got["versions"]] == [(1, "base"), (2, "tuned")]
     assert got["versions"][0]["mean"] == pytest.approx(0.5) and got["versions"][1]["tasks"] == 3
     assert [row["input"] for row in got["changed"]] == [{"question": "sum"}, {"question": "capital"}]
     up, down = got["changed"]  # the largest move first
@@ -100,9 +103,12 @@ def test_one_task_at_every_version_with_its_calls_and_tool_use(served: tuple[str
     assert task_key({"question": "sum"}) == task_key({"question": "sum"}) != task_key({"question": "capital"})
     got = get(url, f"rollouts/{ids['rollouts'][('sum', 2)]}/task", mode="val")
     assert got["input"] == {"question": "sum"} and got["task"] == task_key({"question": "sum"})
-    rows = [(r["version"], r["reward"], r["reply"], r["calls"], r["tool_calls"]) for r in got["rollouts"]]
+    rows = [
+        (r["version"], r["label"], r["reward"], r["reply"], r["calls"], r["tool_calls"])
+        for r in got["rollouts"]
+    ]
     # oldest version first; the digest names the tool call; "capital" and "spell" are other tasks
-    assert rows == [(1, 0.0, "I think 5", 1, 0), (2, 1.0, "7 [tool call lookup]", 1, 1)]
+    assert rows == [(1, "base", 0.0, "I think 5", 1, 0), (2, "tuned", 1.0, "7 [tool call lookup]", 1, 1)]
     assert get(url, f"rollouts/{ids['rollouts'][('sum', 1)]}/task", mode="train")["rollouts"] == []
     assert get(url, "rollouts/ro-nope/task", 404)["error"]["type"] == "NotFoundError"
 
@@ -155,6 +161,10 @@ def test_the_page_lists_what_changed_and_opens_one_task_across_versions(
         assert (
             "2 tasks changed reward (1 up, 1 down), 1 the same"
             in page.locator("#changes-summary").inner_text()
+        )  # each version named by the label it was published under (agl eval's model names)
+        assert (
+            "from v1 (base) · weights v1 to v2 (tuned) · weights v2"
+            in page.locator("#changes-summary").inner_text()
         )
         first = page.locator("#changes-table tbody tr").first
         assert first.get_attribute("class") == "up" and first.locator("td.delta").inner_text() == "+1.000"
@@ -170,7 +180,9 @@ def test_the_page_lists_what_changed_and_opens_one_task_across_versions(
         page.locator("#changes-table tbody tr.down a").first.click()
         page.locator("#task-history tbody tr").nth(1).wait_for()
         cells = page.locator("#task-history tbody tr").all_inner_texts()
-        assert cells[0].startswith("v1") and cells[1].startswith("v2") and "tool" not in cells[0]
+        assert (
+            cells[0].startswith("v1 (base)") and cells[1].startswith("v2 (tuned)") and "tool" not in cells[0]
+        )
         page.locator("#task-history tbody tr").nth(1).click()  # to that rollout
         page.locator("#rollout-reward").wait_for()
         assert page.locator("#rollout-reward").inner_text() == "1.000"

@@ -4,6 +4,7 @@ model (served by fit's engine and gateway) against an endpoint, with failures co
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,9 +84,13 @@ def test_evaluate_models_scores_each_model_and_compares_them(endpoint: agl.LLM, 
         import asyncio
 
         rollouts = asyncio.run(store.query_rollouts()).items
+        versions = asyncio.run(store.query_resources()).items
     finally:
         asyncio.run(store.aclose())
     assert len(rollouts) == 40 and {r.mode for r in rollouts} == {"val"}
+    # each model's rollouts ran at a resources version carrying its label (the dashboard shows it)
+    labels = {v.resources_id: v.metadata.get("label") for v in versions}
+    assert Counter(labels[r.resources_id] for r in rollouts) == {"base": 20, "endpoint": 20}
 
 
 def test_bad_arguments_are_named(tmp_path: Path) -> None:

@@ -235,7 +235,10 @@ function rolloutsView(params) {
   };
 }
 
-const versionLabel = (v) => `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${v.resources_id}`;
+// a resources version by number, the label it was published under (agl eval's model names) and its weights
+const versionNumber = (v) => `v${v.version}` + (v.label ? ` (${v.label})` : "");
+const versionName = (v) => (v ? versionNumber(v) + (v.model_version ? ` · weights ${v.model_version}` : "") : "–");
+const versionLabel = (v) => versionName(v) + ` · ${v.resources_id}`;
 
 // ----- one rollout: attempts, span tree + waterfall + detail panel, what was trained, transcript ------
 function rolloutView(rolloutId, params) {
@@ -586,7 +589,7 @@ function resourcesView(selectedId, against) {
           h("tbody", {}, list.items.map((v) => h("tr", {
             class: "link" + (v.resources_id === id ? " selected" : ""), "data-resources": v.resources_id,
             onclick: () => { location.hash = "#/resources/" + encodeURIComponent(v.resources_id); },
-          }, h("td", {}, "v" + v.version), h("td", { class: "mono" }, v.model_version || "–"), h("td", { class: "mono" }, v.resources_id),
+          }, h("td", {}, versionNumber(v)), h("td", { class: "mono" }, v.model_version || "–"), h("td", { class: "mono" }, v.resources_id),
             h("td", {}, v.apo ? v.apo.round : "–"), h("td", { class: "reward" }, fmtReward(v.val_reward)),
             h("td", { class: "reward" }, fmtReward(v.train_reward)), h("td", { class: "mono parent" }, idText(v.diff_parent_id)),
             h("td", { class: "nowrap" }, fmtTime(v.created_at)))))),
@@ -602,7 +605,7 @@ function versionDetail(v, diff, versions) {
   versions.filter((o) => o.resources_id !== v.resources_id).map((o) => h("option", { value: o.resources_id, selected: diff.against === o.resources_id && diff.against !== v.diff_parent_id }, versionLabel(o))));
   const against = versions.find((o) => o.resources_id === diff.against);
   return h("div", { id: "version-detail" },
-    h("h3", {}, `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") + ` · ${v.resources_id}`),
+    h("h3", {}, versionLabel(v)),
     v.apo && v.apo.critique ? h("div", { class: "panel" }, h("b", {}, "APO critique: "), h("pre", {}, v.apo.critique)) : null,
     h("div", { class: "filters" }, h("span", { class: "mute" }, "diff against:"), pick),
     h("h3", { id: "diff-title" }, diff.against ? ["Changes against ", h("a", { href: "#/resources/" + encodeURIComponent(diff.against), class: "mono" }, against ? versionLabel(against) : diff.against)] : "First version: everything is new"),
@@ -772,7 +775,6 @@ function chart(title, series, opts = {}) {
 }
 
 // ----- what it learned, or hacked: the tasks whose reward moved between two versions, one task across all --
-const versionName = (v) => (v ? `v${v.version}` + (v.model_version ? ` · weights ${v.model_version}` : "") : "–");
 const deltaText = (d) => (d > 0 ? "+" : "") + fmtNum(d);
 
 function changesView(params) {
@@ -819,7 +821,7 @@ function taskView(rolloutId, mode) {
       h("table", { id: "task-history" },
         h("thead", {}, h("tr", {}, ["version", "mode", "reward", "calls", "tool calls", "reply"].map((x) => h("th", {}, x)))),
         h("tbody", {}, t.rollouts.map((r) => h("tr", { class: "link", "data-rollout": r.rollout_id, onclick: () => { location.hash = "#/rollout/" + encodeURIComponent(r.rollout_id); } },
-          h("td", {}, r.version === null ? "–" : `v${r.version}` + (r.model_version ? ` · ${r.model_version}` : "")), h("td", {}, r.mode),
+          h("td", {}, r.version === null ? "–" : versionNumber(r) + (r.model_version ? ` · ${r.model_version}` : "")), h("td", {}, r.mode),
           h("td", { class: "reward" }, fmtReward(r.reward)), h("td", {}, r.calls), h("td", {}, r.tool_calls),
           h("td", { class: "reply" }, h("pre", {}, preview(r.reply || "(no reply)", 400)))))))),
   };
