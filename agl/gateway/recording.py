@@ -152,12 +152,14 @@ def _response_view(api: str, body: dict[str, Any]) -> dict[str, Any]:
     choices = body.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     if api == "responses":
-        texts, calls = [], []
+        texts, calls, thinking = [], [], []
         for item in body.get("output") or []:
             if not isinstance(item, dict):
                 continue
             if item.get("type") == "message":
                 texts += [p.get("text", "") for p in item.get("content") or [] if isinstance(p, dict)]
+            elif item.get("type") == "reasoning":  # agl's engine and vLLM: the thinking as reasoning_text
+                thinking += [p.get("text", "") for p in item.get("content") or [] if isinstance(p, dict)]
             elif item.get("type") == "function_call":
                 calls.append(
                     {
@@ -171,6 +173,8 @@ def _response_view(api: str, body: dict[str, Any]) -> dict[str, Any]:
             "content": "".join(texts) or None,
             "tool_calls": calls,
         }
+        if thinking:
+            out[sc.LLM_RESPONSE_MESSAGE]["reasoning_content"] = out[sc.LLM_REASONING] = "".join(thinking)
         out[sc.LLM_TOOL_CALLS] = calls
         out[sc.LLM_FINISH_REASON] = body.get("status")
     elif api == "completions":

@@ -3,7 +3,8 @@
 ``chat_template_kwargs`` reach the template; a ``<think>`` block comes back as ``reasoning_content`` and is
 recorded, while the recorded token ids stay the whole generation; a second turn, whose prompt Qwen3's
 template renders without the first turn's thinking, is classified and trained per call; and
-``train_thinking=False`` takes exactly the thinking tokens out of the loss.
+``train_thinking=False`` takes exactly the thinking tokens out of the loss. The Responses API returns the
+thinking as a ``reasoning`` item, records it the same way, and renders one handed back into the prompt.
 """
 
 from __future__ import annotations
@@ -212,3 +213,43 @@ async def test_train_thinking_false_masks_exactly_the_think_block(
     assert count == think
     assert masked.loss_mask == (0,) * prompt + (0,) * think + (1,) * answer
     assert masked.input_ids == sample.input_ids and masked.old_logprobs == sample.old_logprobs
+
+
+async def test_the_responses_api_returns_records_and_hands_back_the_thinking_as_a_reasoning_item(
+    gateway: Gateway, store: LightningStore, engine: EngineServer
+) -> None:
+    rid, client = await rollout_client(gateway, store)
+    asked = {"model": "policy", "input": QUESTION, "temperature": 0.0, "max_output_tokens": 40}
+    reply = await client.responses.create(**asked)  # type: ignore[call-overload]
+    thought, said = (item.model_dump() for item in reply.output)
+    assert thought["type"] == "reasoning" and thought["content"] == [
+        {"type": "reasoning_text", "text": THINKING}
+    ]
+    assert said["type"] == "message" and reply.output_text == ANSWER
+    think_tokens = len(_ids(engine, f"<think>\n{THINKING}\n</think>"))
+    assert reply.usage is not None and reply.usage.output_tokens_details.reasoning_tokens == think_tokens
+
+    stream = await client.responses.create(**asked, stream=True)  # type: ignore[call-overload]
+    events = [event async for event in stream]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == THINKING
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ANSWER
+
+    # the engine's own thinking handed back before a tool call: Qwen3 renders it after the last user turn
+    call = {"type": "function_call", "call_id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'}
+    history = [*QUESTION, thought, call, {"type": "function_call_output", "call_id": "c1", "output": "5"}]
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    await client.responses.create(**{**asked, "input": history})  # type: ignore[call-overload]
+    await client.responses.create(**asked, extra_body=off)  # type: ignore[call-overload]
+
+    plain, streamed, handed_back, thinking_off = await recorded(gateway, store, rid)
+    for recorded_call in (plain, streamed):
+        assert recorded_call.reasoning == THINKING and recorded_call.attributes[sc.LLM_REASONING] == THINKING
+        assert recorded_call.response_message is not None
+        assert recorded_call.response_message["content"] == ANSWER
+        assert recorded_call.completion_token_ids == _ids(engine, REPLY) + [
+            engine.engine.tokenizer.eos_token_id
+        ]
+    assert handed_back.prompt_token_ids is not None
+    assert f"<think>\n{THINKING}\n</think>" in engine.engine.tokenizer.decode(handed_back.prompt_token_ids)
+    assert plain.prompt_token_ids is not None and thinking_off.prompt_token_ids is not None
+    assert thinking_off.prompt_token_ids == plain.prompt_token_ids + _ids(engine, "<think>\n\n</think>\n\n")

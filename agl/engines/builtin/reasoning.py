@@ -63,6 +63,25 @@ def split_reasoning(text: str, inside: bool = False, final: bool = True) -> tupl
     return text[:end].strip("\n"), text[end + len(THINK_CLOSE) :].lstrip("\n")
 
 
+def split_reply(
+    tags: tuple[int, int] | None, prompt_ids: list[int], content: str | None
+) -> tuple[str | None, str | None]:
+    """``(reasoning, content)`` of a finished reply to ``prompt_ids``: the thinking split off when the
+    model thinks (``tags``, from :func:`reasoning_tags`), else ``(None, content)``."""
+    if tags is None or content is None:
+        return None, content
+    return split_reasoning(content, opens_thinking(prompt_ids, tags))
+
+
+def reasoning_token_count(tags: tuple[int, int] | None, token_ids: list[int], reasoning: str | None) -> int:
+    """How many of a completion's tokens are thinking: through its ``</think>``, or all of them when
+    the block never closed (cut by ``max_tokens``)."""
+    if tags is None or reasoning is None:
+        return 0
+    close_id = tags[1]
+    return token_ids.index(close_id) + 1 if close_id in token_ids else len(token_ids)
+
+
 class ReasoningStream:
     """Splits a streamed completion's text deltas into reasoning and content deltas."""
 
@@ -83,4 +102,11 @@ class ReasoningStream:
         return new_r, new_c
 
 
-__all__ = ["ReasoningStream", "opens_thinking", "reasoning_tags", "split_reasoning"]
+__all__ = [
+    "ReasoningStream",
+    "opens_thinking",
+    "reasoning_tags",
+    "reasoning_token_count",
+    "split_reasoning",
+    "split_reply",
+]

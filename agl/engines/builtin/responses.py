@@ -3,8 +3,12 @@
 A request's ``instructions`` and ``input`` items (messages, ``function_call``, ``function_call_output``)
 become chat messages rendered by the model's chat template; flat function tools become chat tools. The
 response carries ``message`` and ``function_call`` output items plus ``prompt_token_ids``, ``token_ids``
-and ``logprobs`` at the top level, which the gateway records. Stateless: ``previous_response_id`` is
-refused (send the whole history as ``input``, as the OpenAI Agents SDK does by default).
+and ``logprobs`` at the top level, which the gateway records. A thinking model's ``<think>`` block comes
+back as a ``reasoning`` item (``reasoning_text`` content) before the message, and a ``reasoning`` input
+item is handed back to the template as the next assistant turn's ``reasoning_content``;
+``chat_template_kwargs`` (e.g. ``enable_thinking``) reach the template as on chat requests. Stateless:
+``previous_response_id`` is refused (send the whole history as ``input``, as the OpenAI Agents SDK does by
+default).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agl.engines.builtin.engine import Choice, Engine, Generation, StreamDelta
 from agl.engines.builtin.protocol import chat_logprobs
+from agl.engines.builtin.reasoning import reasoning_token_count, split_reply
 from agl.engines.builtin.sampling import MAX_TOP_LOGPROBS, SamplingParams
 from agl.errors import InvalidRequestError
 
@@ -42,6 +47,7 @@ class ResponsesRequest(BaseModel):
     seed: int | None = None
     stream: bool = False
     previous_response_id: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension, as on chat requests
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -101,6 +107,7 @@ def to_chat(req: ResponsesRequest) -> tuple[list[dict[str, Any]], list[dict[str,
         raise InvalidRequestError(
             f"input must be a string or a non-empty list of items, got {req.input!r:.80}", param="input"
         )
+    thinking: str | None = None  # a reasoning item's text, for the assistant turn that follows it
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -113,6 +120,9 @@ def to_chat(req: ResponsesRequest) -> tuple[list[dict[str, Any]], list[dict[str,
                     f"{where}.role must be one of {sorted(_ROLES)}, got {role!r:.40}", param=f"{where}.role"
                 )
             messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            if role == "assistant" and thinking:
+                messages[-1]["reasoning_content"] = thinking
+            thinking = None  # thinking belongs to the assistant turn right after it, or to none
         elif kind == "function_call":
             call = {
                 "id": _field(item, "call_id", where),
@@ -127,12 +137,18 @@ def to_chat(req: ResponsesRequest) -> tuple[list[dict[str, Any]], list[dict[str,
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            if thinking:
+                messages[-1].setdefault("reasoning_content", thinking)
+                thinking = None
         elif kind == "function_call_output":
             output = item.get("output")
             text = output if isinstance(output, str) else _text(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": _field(item, "call_id", where), "content": text})
+            thinking = None
         elif kind == "reasoning":
-            continue  # reasoning summaries of other models have no place in this model's prompt
+            # the model's own earlier thinking: a template that keeps it (Qwen3, after the last user
+            # turn) renders it with the assistant turn that follows; a summary alone is not prompt text
+            thinking = _reasoning_text(item, where) or None
         else:
             raise InvalidRequestError(
                 f"{where}.type {kind!r:.40} is not supported; use message, function_call or "
@@ -140,6 +156,16 @@ def to_chat(req: ResponsesRequest) -> tuple[list[dict[str, Any]], list[dict[str,
                 param=f"{where}.type",
             )
     return messages, None if req.tool_choice == "none" else _chat_tools(req.tools)
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """The text of a ``reasoning`` input item's ``reasoning_text`` content parts."""
+    parts = item.get("content") or []
+    if not isinstance(parts, list):
+        raise InvalidRequestError(f"{where}.content must be a list of reasoning_text parts", param=where)
+    return "".join(
+        str(p.get("text") or "") for p in parts if isinstance(p, dict) and p.get("type") == "reasoning_text"
+    )
 
 
 def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -156,10 +182,20 @@ def _chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     return out or None
 
 
-def _output(choice: Choice) -> list[dict[str, Any]]:
+def _output(choice: Choice, reasoning: str | None, content: str | None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
-    if choice.content:
-        part = {"type": "output_text", "text": choice.content, "annotations": [], "logprobs": []}
+    if reasoning is not None:  # vLLM's shape: the thinking as reasoning_text content, no summary
+        items.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{uuid.uuid4().hex}",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": reasoning}],
+                "status": "completed",
+            }
+        )
+    if content:
+        part = {"type": "output_text", "text": content, "annotations": [], "logprobs": []}
         items.append(
             {
                 "type": "message",
@@ -190,6 +226,7 @@ def response_body(
     choice = gen.choices[0]
     prompt, completion = len(gen.prompt_token_ids), len(choice.token_ids)
     incomplete = choice.finish_reason == "length"
+    reasoning, content = split_reply(engine.reasoning_tags, gen.prompt_token_ids, choice.content)
     return {
         "id": response_id or f"resp_{uuid.uuid4().hex}",
         "object": "response",
@@ -199,7 +236,7 @@ def response_body(
         "error": None,
         "model": req.model or engine.model_name,
         "instructions": req.instructions,
-        "output": _output(choice),
+        "output": _output(choice, reasoning, content),
         "parallel_tool_calls": True,
         "tool_choice": req.tool_choice or "auto",
         "tools": req.tools or [],
@@ -210,7 +247,9 @@ def response_body(
             "input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": completion,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {
+                "reasoning_tokens": reasoning_token_count(engine.reasoning_tags, choice.token_ids, reasoning)
+            },
             "total_tokens": prompt + completion,
         },
         "prompt_token_ids": gen.prompt_token_ids,
@@ -235,8 +274,9 @@ class _Events:
 async def stream_events(
     engine: Engine, req: ResponsesRequest, stream: AsyncIterator[StreamDelta | Generation]
 ) -> AsyncIterator[bytes]:
-    """The Responses event stream: text deltas as they decode; with tools the output is sent when it ends
-    (a tool call is known only then). ``response.completed`` carries the full response with token ids."""
+    """The Responses event stream: text deltas as they decode; with tools, or from a thinking model, the
+    output is sent when it ends (a tool call, or where the thinking ends, is known only then).
+    ``response.completed`` carries the full response with token ids."""
     rid = f"resp_{uuid.uuid4().hex}"
     event = _Events()
     shell = {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress"}
@@ -247,7 +287,7 @@ async def stream_events(
     msg_id, streamed = f"msg_{uuid.uuid4().hex}", False
     async for item in stream:
         if isinstance(item, StreamDelta):
-            if req.tools or not item.text:
+            if req.tools or engine.reasoning_tags is not None or not item.text:
                 continue
             if not streamed:
                 streamed = True
@@ -271,6 +311,12 @@ async def stream_events(
                 ids = {"item_id": out["id"], "output_index": index, "content_index": 0}
                 yield event("response.output_text.done", **ids, text=out["content"][0]["text"], logprobs=[])
                 yield event("response.content_part.done", **ids, part=out["content"][0])
+            elif out["type"] == "reasoning":
+                yield event("response.output_item.added", output_index=index, item={**out, "content": []})
+                ids = {"item_id": out["id"], "output_index": index, "content_index": 0}
+                text = out["content"][0]["text"]
+                yield event("response.reasoning_text.delta", **ids, delta=text)
+                yield event("response.reasoning_text.done", **ids, text=text)
             else:
                 yield event("response.output_item.added", output_index=index, item={**out, "arguments": ""})
                 ids = {"item_id": out["id"], "output_index": index}

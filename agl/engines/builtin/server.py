@@ -35,7 +35,7 @@ from agl.engines.builtin.protocol import (
     chat_logprobs,
     completion_logprobs,
 )
-from agl.engines.builtin.reasoning import ReasoningStream, opens_thinking, split_reasoning
+from agl.engines.builtin.reasoning import ReasoningStream, opens_thinking, split_reply
 from agl.engines.builtin.responses import ResponsesRequest, response_body, stream_events, to_chat
 from agl.errors import ConfigError, InvalidRequestError
 
@@ -65,9 +65,7 @@ def _config_error(_: Request, exc: Exception) -> Response:
 
 def _split(engine: Engine, prompt: list[int], content: str | None) -> tuple[str | None, str | None]:
     """``(reasoning_content, content)`` of a chat reply: the thinking split off when the model thinks."""
-    if engine.reasoning_tags is None or content is None:
-        return None, content
-    return split_reasoning(content, opens_thinking(prompt, engine.reasoning_tags))
+    return split_reply(engine.reasoning_tags, prompt, content)
 
 
 def _chat_choice(engine: Engine, gen: Generation, index: int) -> dict[str, Any]:
@@ -262,7 +260,7 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest) -> Response:
         messages, tools = to_chat(req)
-        prompt = engine.encode_chat(messages, tools)
+        prompt = engine.encode_chat(messages, tools, req.chat_template_kwargs)
         engine.check_prompt(prompt, "input")
         if req.stream:
             stream = engine.stream(prompt, req.sampling(), tools=tools)
