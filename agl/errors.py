@@ -86,6 +86,11 @@ class JudgeError(AglError):
         self.replies = list(replies or [])  # the judge's raw reply of every try
 
 
+class TeacherError(AglError):
+    """A distillation teacher's endpoint failed to score a step's tokens (unreachable, an error status, or
+    a reply without ``prompt_logprobs``): the step stops rather than train without its teacher."""
+
+
 class AgentError(AglError):
     """The agent or its runner was used incorrectly."""
 

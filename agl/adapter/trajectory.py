@@ -40,6 +40,8 @@ class Sample:
     token_advantages: tuple[float, ...] | None = None
     #: calls merged in after their prompt re-rendered the previous reply (see :func:`reply_end`)
     reconciled_calls: int = 0
+    #: a distillation teacher's log-probs of ``input_ids`` (0 where masked), scored by an endpoint teacher
+    teacher_logprobs: tuple[float, ...] | None = None
 
     @property
     def num_model_tokens(self) -> int:

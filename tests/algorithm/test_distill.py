@@ -8,6 +8,7 @@ tie at 0 for the student, so GRPO alone has nothing to learn from.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,12 @@ import pytest
 import torch
 
 import agl
+from agl.adapter.trajectory import Sample
 from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig, build_batch, grpo_loss
 from agl.algorithm.health import LearningCheck
-from agl.algorithm.policy.distill import check_same_tokenizer, load_teacher
-from agl.errors import ConfigError
+from agl.algorithm.policy.distill import EndpointTeacher, check_same_tokenizer, load_teacher
+from agl.engines.builtin.server import EngineServer
+from agl.errors import ConfigError, TeacherError
 from agl.models import tiny_model
 from tests.algorithm.test_grpo_learning import _rollout, _simple
 from tests.algorithm.test_grpo_loss import ADV, LOGPROBS, MASK, OLD, ROLLOUT, _t
@@ -92,7 +95,7 @@ def test_the_distillation_term_matches_the_hand_reference(coef: float) -> None:
     assert "distill_kl" not in plain_metrics
 
 
-def test_grpo_config_takes_a_local_teacher_only() -> None:
+def test_grpo_config_takes_a_local_or_an_endpoint_teacher() -> None:
     teacher = agl.Teacher(path="/t")
     config = GRPOConfig(model_path="/m", teacher=teacher, distill_coef=0.5)
     assert config.loss.distill_coef == 0.5
@@ -100,11 +103,8 @@ def test_grpo_config_takes_a_local_teacher_only() -> None:
         GRPOConfig(model_path="/m", loss=LossConfig(distill_coef=0.5)).loss.distill_coef == 0.0
     )  # no teacher
     assert GRPO(config).model_spec().teacher is None  # scored in the trainer, not served
-    endpoint = agl.Teacher("http://h/v1", model="m", api_key="k")
-    with pytest.raises(
-        ConfigError, match=r"GRPOConfig.teacher: .*local teacher folder sharing the student's"
-    ):
-        GRPOConfig(model_path="/m", teacher=endpoint)
+    endpoint = GRPOConfig(model_path="/m", teacher=agl.Teacher("http://h/v1", model="m", api_key="k"))
+    assert endpoint.loss.distill_coef == 1.0 and GRPO(endpoint).model_spec().teacher is None
     with pytest.raises(ConfigError, match="GRPOConfig.distill_coef must be > 0"):
         GRPOConfig(model_path="/m", teacher=teacher, distill_coef=0.0)
     with pytest.raises(ConfigError, match="GRPOConfig.teacher must be an agl.Teacher"):
@@ -123,6 +123,51 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"GRPOConfig.teacher: no tokenizer could be read"):
         load_teacher("/nonexistent/teacher", student, torch.device("cpu"))
     check_same_tokenizer(student, AutoTokenizer.from_pretrained(tiny_model(), local_files_only=True), "same")
+
+
+def _samples(tokenizer: Any) -> list[Sample]:
+    """Two samples of a chat prompt and a reply, the reply's tokens in the loss."""
+    from agl.engines.builtin.prompts import render_chat
+
+    out = []
+    for n, (task, reply) in enumerate([(TASKS[0], "12345678"), (TASKS[1], "it is 42, I think")]):
+        prompt = render_chat(tokenizer, [{"role": "user", "content": task}], None)
+        completion = tokenizer(reply, add_special_tokens=False)["input_ids"]
+        ids = (*prompt, *completion)
+        mask = (0,) * len(prompt) + (1,) * len(completion)
+        out.append(Sample(f"r{n}", "g", ids, mask, None, 0.0))
+    return out
+
+
+async def test_an_endpoint_teacher_scores_the_students_tokens_as_the_local_teacher_does(
+    tmp_path: Path,
+) -> None:
+    """``agl engine serve``'s prompt_logprobs (vLLM's API), read by EndpointTeacher, give the log-probs the
+    trainer computes from the same folder; a teacher whose tokens decode otherwise is refused on its first
+    reply, and an endpoint that cannot score is a TeacherError naming it."""
+    from transformers import AutoTokenizer
+
+    from agl.algorithm.policy.logprobs import token_logprobs
+    from agl.algorithm.policy.model import collate
+    from agl.engines.builtin.server import EngineServer
+
+    folder = make_teacher(tmp_path / "teacher")
+    student = AutoTokenizer.from_pretrained(tiny_model(), local_files_only=True)
+    samples = _samples(student)
+    local = load_teacher(str(folder), student, torch.device("cpu"))
+    batch = collate(samples, [0.0, 0.0], [0, 1], int(student.pad_token_id))
+    want = token_logprobs(local, batch.input_ids, batch.attention, only=batch.mask > 0)[0]
+    with EngineServer(folder) as server:
+        scored = await EndpointTeacher(server.base_url, "teacher", student).score(samples)
+        got = collate(scored, [0.0, 0.0], [0, 1], int(student.pad_token_id)).teacher_logprobs
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+        assert got[batch.mask > 0].lt(0).all() and not got[batch.mask == 0].any()  # model tokens only
+
+        other = AutoTokenizer.from_pretrained(tiny_model(seed=1), local_files_only=True)
+        with pytest.raises(ConfigError, match=r"GRPOConfig.teacher: the teacher at .* decodes token ids"):
+            await EndpointTeacher(server.base_url, "teacher", other).score(samples)
+        with pytest.raises(TeacherError, match="answered 404"):  # not an OpenAI base URL: no /completions
+            await EndpointTeacher(server.url, "teacher", student).score(samples)
 
 
 def test_distilling_trains_the_groups_whose_rewards_tie() -> None:
@@ -216,10 +261,23 @@ def make_teacher(out: Path, steps: int = 6) -> Path:
 
 
 @pytest.mark.timeout(300)
-def test_distillation_teaches_a_student_whose_rewards_all_tie(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["local", "endpoint"])
+def test_distillation_teaches_a_student_whose_rewards_all_tie(tmp_path: Path, where: str) -> None:
     """About 30 s on two busy cores: 6 steps of 64 rollouts (a reply of 8 digit tokens is a 1-in-1000 draw
-    for the untrained student, so every group of the first step ties at 0; fewer rollouts learn slower)."""
-    teacher = make_teacher(tmp_path / "teacher")
+    for the untrained student, so every group of the first step ties at 0; fewer rollouts learn slower).
+    The teacher is a local folder the trainer loads, or the same folder served by the built-in engine
+    (as ``agl engine serve`` or vLLM would serve it), which scores each step's tokens over HTTP."""
+    folder = make_teacher(tmp_path / "teacher")
+    with contextlib.ExitStack() as stack:
+        if where == "local":
+            teacher = agl.Teacher(path=str(folder))
+        else:
+            server = stack.enter_context(EngineServer(folder))
+            teacher = agl.Teacher(server.base_url, model="teacher")
+        _distil(tmp_path, teacher)
+
+
+def _distil(tmp_path: Path, teacher: agl.Teacher) -> None:
     config = GRPOConfig(
         model_path=str(tiny_model()),
         steps=6,
@@ -227,7 +285,7 @@ def test_distillation_teaches_a_student_whose_rewards_all_tie(tmp_path: Path) ->
         group_size=8,
         lr=8e-2,
         eval_every=6,
-        teacher=agl.Teacher(path=str(teacher)),
+        teacher=teacher,
         distill_coef=1.0,
         export_model=False,
     )

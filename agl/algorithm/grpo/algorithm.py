@@ -59,6 +59,8 @@ class GRPO(Algorithm):
         self.warm_start_history: list[dict[str, float]] = []
         self.teacher_counts: dict[str, float] = {}  # a Teacher warm start's rollouts, kept ones, samples
         self.learning = LearningCheck()  # warns once per run when nothing can be learned
+        # on-policy distillation from an endpoint: scores each step's samples before the update
+        self._scoring_teacher: Any = None  # a policy.distill.EndpointTeacher
         self.baseline_failures = Failures(0, 0)
         self.val_failures_after = Failures(0, 0)  # the latest validation's
 
@@ -107,6 +109,7 @@ class GRPO(Algorithm):
                 adapters=self._adapters,
                 kl_coef=cfg.loss.kl_coef,
                 teacher_path=cfg.teacher.path if cfg.teacher is not None else None,
+                teacher_scored=cfg.teacher is not None and cfg.teacher.endpoint is not None,
                 seed=cfg.seed,
                 device=cfg.device,
                 memory_budget_gb=cfg.memory_budget_gb,
@@ -228,6 +231,15 @@ class GRPO(Algorithm):
         resources_id = await self._publish(ctx, None if checkpoint is None else self.policy)
         phases: dict[str, float] = {}
         self.learning = LearningCheck(distilling=cfg.teacher is not None)
+        if cfg.teacher is not None and cfg.teacher.endpoint is not None:
+            from agl.algorithm.policy.distill import EndpointTeacher
+
+            self._scoring_teacher = EndpointTeacher(
+                cfg.teacher.endpoint,
+                cfg.teacher.model or "teacher",
+                self.policy.tokenizer,
+                cfg.teacher.api_key,
+            )
         self.baseline_failures = Failures(0, 0)
         self.val_failures_after = Failures(0, 0)
         if cfg.warm_start is not None and checkpoint is None:
@@ -357,6 +369,8 @@ class GRPO(Algorithm):
                     check_agents_called(batch, cfg.agents, step)
                 if cfg.deterministic == "exact":  # the engine's logprobs' last bits depend on its batching
                     batch.samples = [dataclasses.replace(s, old_logprobs=None) for s in batch.samples]
+                if self._scoring_teacher is not None:  # an endpoint teacher scores the samples' tokens
+                    batch.samples = await self._scoring_teacher.score(batch.samples)
                 rollout_s = time.perf_counter() - started
                 await write_records(ctx.store, step_records(step, drawn.rollouts, batch, cfg))
                 row = {**batch.metrics, **drawn.metrics}

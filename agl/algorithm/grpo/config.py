@@ -70,9 +70,11 @@ class GRPOConfig:
     warm_start: WarmStart | Teacher | None = None
     loss: LossConfig = field(default_factory=LossConfig)
     kl_coef: float = 0.0
-    # on-policy distillation: a local teacher folder sharing the student's tokenizer (agl.Teacher(path=...))
-    # scores the student's sampled tokens in the trainer; each token's advantage gets -distill_coef times
-    # log pi_student(t) - log pi_teacher(t), so groups whose rewards tie train too (policy/loss.py)
+    # on-policy distillation: a teacher sharing the student's tokenizer scores the student's sampled
+    # tokens, a local folder (agl.Teacher(path=...)) in the trainer or an endpoint answering
+    # prompt_logprobs (vLLM, agl engine serve: agl.Teacher(url, model=...)) before each update; each
+    # token's advantage gets -distill_coef times log pi_student(t) - log pi_teacher(t), so groups whose
+    # rewards tie train too (policy/loss.py, policy/distill.py)
     teacher: Teacher | None = None
     distill_coef: float = 1.0
     eval_every: int = 5
@@ -177,8 +179,8 @@ class GRPOConfig:
             object.__setattr__(self, "loss", LossConfig(**{**self.loss.__dict__, "kl_coef": self.kl_coef}))
 
     def _check_teacher(self) -> None:
-        """The distillation teacher is a local folder and ``distill_coef`` > 0; the loss gets the coefficient
-        with a teacher and 0 without one (GRPOConfig owns ``LossConfig.distill_coef``)."""
+        """The distillation teacher is an ``agl.Teacher`` and ``distill_coef`` > 0; the loss gets the
+        coefficient with a teacher and 0 without one (GRPOConfig owns ``LossConfig.distill_coef``)."""
         teacher = self.teacher
         coef = self.distill_coef if teacher is not None else 0.0
         if self.loss.distill_coef != coef:
@@ -188,13 +190,6 @@ class GRPOConfig:
         if not isinstance(teacher, Teacher):
             raise ConfigError(
                 f"GRPOConfig.teacher must be an agl.Teacher(path=...) or None, got a {type(teacher).__name__}"
-            )
-        if teacher.path is None:
-            raise ConfigError(
-                "GRPOConfig.teacher: on-policy distillation scores the student's own tokens under the "
-                "teacher in the trainer, so it needs a local teacher folder sharing the student's tokenizer "
-                f"(agl.Teacher(path=...)), not an endpoint ({teacher.endpoint}); an endpoint teacher can "
-                "warm-start instead (GRPOConfig(warm_start=agl.Teacher(...)))"
             )
         if isinstance(self.distill_coef, bool) or not self.distill_coef > 0:
             raise ConfigError(

@@ -61,6 +61,8 @@ class PolicyConfig:
     # a local model folder sharing the tokenizer: scores the samples' tokens for on-policy distillation
     # (LossConfig.distill_coef; agl/algorithm/policy/distill.py)
     teacher_path: str | None = None
+    # the samples carry an endpoint teacher's log-probs (Sample.teacher_logprobs) to distill from
+    teacher_scored: bool = False
     # "auto": on CPU, micro-batches over 1,024 tokens (memory.PLAIN_CPU_TOKENS); off on CUDA
     activation_checkpointing: Checkpointing = "auto"
     seed: int = 0
@@ -81,6 +83,7 @@ class Batch:
     advantages: torch.Tensor  # (B,), or (B, T-1) per token
     rollout_index: torch.Tensor  # (B,)
     has_old: torch.Tensor  # (B,) whether the engine's logprobs came with the sample
+    teacher_logprobs: torch.Tensor  # (B, T-1) an endpoint teacher's, scored before the step (0: none)
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
@@ -100,6 +103,7 @@ def collate(
     attention = torch.zeros((len(samples), width), dtype=torch.long)
     mask = torch.zeros((len(samples), width), dtype=torch.float32)
     old = torch.zeros((len(samples), width), dtype=torch.float32)
+    teacher = torch.zeros((len(samples), width), dtype=torch.float32)
     for i, s in enumerate(samples):
         n = len(s.input_ids)
         ids[i, :n] = torch.tensor(s.input_ids)
@@ -107,6 +111,8 @@ def collate(
         mask[i, :n] = torch.tensor(s.loss_mask, dtype=torch.float32)
         if s.old_logprobs is not None:
             old[i, :n] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+        if s.teacher_logprobs is not None:
+            teacher[i, :n] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
     adv = torch.tensor(list(advantages), dtype=torch.float32)  # (B,)
     if any(s.token_advantages is not None for s in samples):  # per-call credit: (B, T-1)
         per_token = adv.unsqueeze(-1).repeat(1, width)
@@ -122,6 +128,7 @@ def collate(
         adv,
         torch.tensor(list(rollout_index), dtype=torch.long),
         torch.tensor([s.old_logprobs is not None for s in samples]),
+        teacher[:, 1:],
     )
 
 
@@ -407,7 +414,7 @@ class Policy:
         full = collate(samples, advantages, rollout_index, self.pad_id)
         weights = token_weights(full.mask, self.loss_config.aggregation, full.rollout_index)  # (B, T-1)
         names: tuple[str, ...] = ("loss", "kl", "clip_fraction", "entropy", "ratio_mean")
-        if self.teacher is not None:
+        if self.teacher is not None or self.config.teacher_scored:
             names += ("distill_kl",)  # the mean reverse KL of the sampled tokens to the teacher
         totals: dict[str, float] = dict.fromkeys(names, 0.0)
         n_tokens = max(float(full.mask.sum()), 1.0)
@@ -424,6 +431,8 @@ class Policy:
             # without engine logprobs the ratio is taken on-policy (the trainer's own, detached)
             old = torch.where(part.has_old.unsqueeze(-1), part.old_logprobs, logprobs.detach())
             ref, teacher = (self._frozen_logprobs(m, part) for m in (self.reference, self.teacher))
+            if self.config.teacher_scored:  # an endpoint teacher scored the samples before the step
+                teacher = part.teacher_logprobs
             loss, metrics = grpo_loss(
                 logprobs,
                 old,

@@ -33,6 +33,11 @@ from agl.errors import ConfigError, InvalidRequestError
 
 logger = logging.getLogger(__name__)
 
+#: positions whose log-softmax is taken at once when scoring a prompt (rows x vocabulary floats)
+PROMPT_LOGPROB_ROWS = 256
+#: one scored prompt token: its log-prob, its rank among the vocabulary, and its position's likeliest (id, logprob)
+PromptLogprob = tuple[float, int, list[tuple[int, float]]]
+
 
 @dataclass
 class Choice:
@@ -434,6 +439,34 @@ class Engine:
     def _embed(self, inputs: list[list[int]]) -> list[torch.Tensor]:
         with torch.inference_mode():
             return pooled(self.model, inputs, self.pad_id)
+
+    async def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[PromptLogprob]:
+        """Each prompt token after the first scored under the model: ``(logprob, rank, top)`` with the
+        position's ``top`` likeliest ``(id, logprob)``. One forward pass beside decoding, like ``embed``."""
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            return await run_compute(self._prompt_logprobs, ids, top)
+
+    def _prompt_logprobs(self, ids: list[int], top: int) -> list[PromptLogprob]:
+        out: list[PromptLogprob] = []
+        with torch.inference_mode():
+            tokens = torch.tensor([ids], device=self.device)
+            logits = self.model(input_ids=tokens).logits[0, :-1]  # (T-1, V): position t predicts t+1
+            for start in range(0, logits.shape[0], PROMPT_LOGPROB_ROWS):  # bounds the fp32 copy
+                rows = logits[start : start + PROMPT_LOGPROB_ROWS].float().log_softmax(-1)
+                wanted = tokens[0, start + 1 : start + 1 + rows.shape[0]]
+                taken = rows.gather(1, wanted.unsqueeze(1)).squeeze(1)
+                ranks = (rows > taken.unsqueeze(1)).sum(1) + 1
+                best = rows.topk(top, dim=1) if top else None
+                for i in range(rows.shape[0]):
+                    tops = (
+                        list(zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True))
+                        if best
+                        else []
+                    )
+                    out.append((float(taken[i]), int(ranks[i]), tops))
+        return out
 
     # ----- weights -------------------------------------------------------------------------------
     async def update_weights(

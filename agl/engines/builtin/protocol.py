@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agl.engines.builtin.engine import Choice
+from agl.engines.builtin.engine import Choice, PromptLogprob
 from agl.engines.builtin.sampling import MAX_TOP_LOGPROBS, SamplingParams
 
 
@@ -74,6 +74,9 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int] = Field(min_length=1)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: Literal[False] = False
+    # vLLM's extension: each prompt token's log-prob under the model (and the k likeliest), as a
+    # distillation teacher scores a student's tokens
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class WeightsRequest(BaseModel):
@@ -102,6 +105,20 @@ def chat_logprobs(tokenizer: Any, choice: Choice, start: int = 0, end: int | Non
             }
         )
     return {"content": content}
+
+
+def prompt_logprobs_view(tokenizer: Any, ids: list[int], scored: list[PromptLogprob]) -> list[Any]:
+    """vLLM's ``prompt_logprobs``: None for the first token, then per token ``{id: {logprob, rank,
+    decoded_token}}`` for the token itself and its position's k likeliest."""
+    out: list[Any] = [None]
+    for token, (logprob, rank, tops) in zip(ids[1:], scored, strict=True):
+        entry = {
+            str(t): {"logprob": lp, "rank": n, "decoded_token": tokenizer.decode([t])}
+            for n, (t, lp) in enumerate(tops, 1)
+        }
+        entry[str(token)] = {"logprob": logprob, "rank": rank, "decoded_token": tokenizer.decode([token])}
+        out.append(entry)
+    return out
 
 
 def completion_logprobs(tokenizer: Any, choice: Choice) -> dict[str, Any]:

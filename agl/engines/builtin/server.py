@@ -34,6 +34,7 @@ from agl.engines.builtin.protocol import (
     WeightsRequest,
     chat_logprobs,
     completion_logprobs,
+    prompt_logprobs_view,
 )
 from agl.engines.builtin.reasoning import ReasoningStream, opens_thinking, split_reply
 from agl.engines.builtin.responses import ResponsesRequest, response_body, stream_events, to_chat
@@ -234,6 +235,11 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
             raise InvalidRequestError("stream is not supported on /v1/completions; use chat", param="stream")
         prompt = engine.encode_prompt(req.prompt)
         gen = await engine.generate(prompt, req.sampling(req.logprobs or 0))
+        scored = None
+        if req.prompt_logprobs is not None:
+            scored = prompt_logprobs_view(
+                engine.tokenizer, prompt, await engine.prompt_logprobs(prompt, req.prompt_logprobs)
+            )
         choices = [
             {
                 "index": c.index,
@@ -242,6 +248,7 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
                 "logprobs": completion_logprobs(engine.tokenizer, c),
                 "token_ids": c.token_ids,
                 "prompt_token_ids": gen.prompt_token_ids,
+                **({"prompt_logprobs": scored} if scored is not None else {}),
             }
             for c in gen.choices
         ]
