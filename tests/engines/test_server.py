@@ -104,6 +104,33 @@ def test_completions_endpoint(client: openai.OpenAI, server: EngineServer) -> No
     assert by_ids["choices"][0]["token_ids"] == choice["token_ids"]
 
 
+def test_prompt_logprobs_score_every_prompt_token_as_vllm_does(server: EngineServer, tiny_path: Path) -> None:
+    """vLLM's ``prompt_logprobs=k``: None for the first token, then each token's own log-prob and rank with
+    its position's k likeliest, the numbers the model's forward pass gives."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = server.engine.encode_prompt("12 + 7 = 19, and 3 + 4 = 7")
+    body = {"prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 2}
+    scored = httpx.post(f"{server.base_url}/completions", json=body, timeout=60).json()["choices"][0]
+    entries = scored["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(ids)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    with torch.no_grad():
+        want = model(input_ids=torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+    for j in range(1, len(ids)):
+        own = entries[j][str(ids[j])]
+        assert own["logprob"] == pytest.approx(float(want[j - 1, ids[j]]), abs=1e-4)
+        assert own["rank"] == int((want[j - 1] > want[j - 1, ids[j]]).sum()) + 1
+        assert own["decoded_token"] == server.engine.tokenizer.decode([ids[j]])
+        best = sorted(((e["rank"], int(t)) for t, e in entries[j].items() if e["rank"] <= 2))
+        assert [t for _, t in best] == want[j - 1].topk(2).indices.tolist()
+    without = httpx.post(f"{server.base_url}/completions", json={**body, "prompt_logprobs": None}).json()
+    assert "prompt_logprobs" not in without["choices"][0]
+    bad = httpx.post(f"{server.base_url}/completions", json={**body, "prompt_logprobs": -1})
+    assert bad.status_code == 400 and "prompt_logprobs" in bad.text
+
+
 def test_tool_calls_through_sdk_after_weights_endpoint(tiny_path: Path, tool_model_path: Path) -> None:
     with EngineServer(tiny_path) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
