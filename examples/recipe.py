@@ -18,7 +18,7 @@ from typing import Any
 
 import agl
 from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig, WarmStart
-from agl.models import smollm2, tiny_model
+from agl.models import qwen_coder, smollm2, tiny_model
 
 
 def recipe_args(
@@ -69,7 +69,8 @@ def recipe_args(
     teacher.add_argument(
         "--teacher",
         default=None,
-        help="a stronger model: a local Hugging Face folder, or an OpenAI-compatible base URL (http...)",
+        help="a stronger model: a local Hugging Face folder, an OpenAI-compatible base URL (http...), or "
+        "qwen-coder (Qwen2.5-Coder-0.5B-Instruct; make teacher-model installs it)",
     )
     teacher.add_argument("--teacher-model", default=None, help="the model name a --teacher URL serves")
     teacher.add_argument(
@@ -323,11 +324,12 @@ def warm_start(recipe: Recipe, args: argparse.Namespace) -> WarmStart | agl.Teac
         return None
     schedule = {"steps": args.sft_steps, "batch_size": 8, "lr": args.sft_lr, "seed": args.seed}
     if args.teacher:
-        where = (
-            {"endpoint": args.teacher}
-            if args.teacher.startswith(("http://", "https://"))
-            else {"path": args.teacher}
-        )
+        if args.teacher.startswith(("http://", "https://")):
+            where = {"endpoint": args.teacher}
+        elif args.teacher == "qwen-coder":
+            where = {"path": str(qwen_coder())}
+        else:
+            where = {"path": args.teacher}
         return agl.Teacher(
             **where,
             model=args.teacher_model,
