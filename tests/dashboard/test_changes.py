@@ -169,6 +169,8 @@ def test_the_page_lists_what_changed_and_opens_one_task_across_versions(
         first = page.locator("#changes-table tbody tr").first
         assert first.get_attribute("class") == "up" and first.locator("td.delta").inner_text() == "+1.000"
         assert "I think 5" in first.inner_text() and "7 [tool call lookup]" in first.inner_text()
+        before, after = (first.locator("td.reply").nth(i).bounding_box() for i in (0, 1))
+        assert before and after and abs(before["width"] - after["width"]) < 2  # side by side, equally wide
         assert page.locator("#changes-before").input_value() == ids["v1"]
         page.screenshot(path=SHOTS / "what-changed.png", full_page=True)
         page.select_option("#changes-before", ids["v2"])  # one version against itself: nothing changed
