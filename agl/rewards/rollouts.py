@@ -84,6 +84,7 @@ class Judged:
     groups: int = 0
     failures: int = 0
     dropped: set[str] = field(default_factory=set)  # rollout ids of the groups the judge failed on
+    errors: dict[str, str] = field(default_factory=dict)  # each dropped rollout's judge error
 
 
 def unrewarded(rollouts: Sequence[Rollout], spans: Mapping[str, Sequence[Span]]) -> list[Rollout]:
@@ -114,7 +115,7 @@ async def judge_rollouts(
     gate = asyncio.Semaphore(judge.concurrency)
     client = judge.client()
 
-    async def one(key: str, members: list[Rollout]) -> list[Span]:
+    async def one(key: str, members: list[Rollout]) -> tuple[list[Span], JudgeError | None]:
         texts = [trajectory_text(out.spans.get(r.rollout_id, [])) for r in members]
         async with gate:
             started = time.time_ns()
@@ -124,17 +125,19 @@ async def judge_rollouts(
                 )
             except JudgeError as exc:
                 verdict = exc
-        return await _verdict_spans(store, judge, key, members, out.spans, verdict, started)
+        made = await _verdict_spans(store, judge, key, members, out.spans, verdict, started)
+        return made, verdict if isinstance(verdict, JudgeError) else None
 
     try:
         made = await asyncio.gather(*(one(k, m) for k, m in groups.items()))
     finally:
         await client.close()
-    for members, group in zip(groups.values(), made, strict=True):
+    for members, (group, error) in zip(groups.values(), made, strict=True):
         if not any(s.name == sc.SPAN_REWARD for s in group):
             out.failures += 1
             out.dropped.update(r.rollout_id for r in members)
-    for stored in await store.add_spans([s for group in made for s in group]):
+            out.errors.update((r.rollout_id, f"JudgeError: {error or 'no score'}") for r in members)
+    for stored in await store.add_spans([s for group, _ in made for s in group]):
         out.spans.setdefault(stored.rollout_id, []).append(stored)
     return out
 

@@ -76,8 +76,17 @@ def test_one_step_trains_on_the_judges_scores(tmp_path: Path, monkeypatch: pytes
         assert len(up.requests) == 5
     (row,) = result["history"]
     assert (row["judged_groups"], row["judge_failures"]) == (2, 1)
-    # the step ran 4 rollouts; the judged group trained its 2, the group the judge failed on none
-    assert row["rollouts"] == 4 and row["failed_rollouts"] == 0 and row["samples"] == 2
+    # the step ran 4 rollouts; the judged group trained its 2, the group the judge failed on none: its two
+    # rollouts are reward failures, counted and written to dropped.jsonl, never a reward of 0
+    assert row["rollouts"] == 4 and row["samples"] == 2
+    assert row["failed_rollouts"] == row["failed_reward"] == row["dropped_rollouts"] == 2
+    dropped = [json.loads(line) for line in (tmp_path / "dropped.jsonl").read_text().splitlines()]
+    assert [(d["class"], d["reason"], d["step"]) for d in dropped] == [
+        ("reward", "the judge gave no score", 1)
+    ] * 2
+    assert all(
+        d["error"].startswith("JudgeError: the judge gave no usable scores in 2 tries") for d in dropped
+    )
     assert row["reward_mean"] == pytest.approx(0.5) and row["reward_max"] == 0.9
     assert math.isfinite(row["loss"]) and row["grad_norm"] > 0
     assert (result["val_reward_before"], result["val_reward_after"]) == (0.5, 0.7)

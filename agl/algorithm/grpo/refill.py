@@ -23,7 +23,7 @@ from agl.algorithm.base import TrainingContext
 from agl.algorithm.grpo.async_loop import VersionLog, drop_stale
 from agl.algorithm.grpo.batch import build_batch
 from agl.algorithm.grpo.config import GRPOConfig
-from agl.algorithm.grpo.failures import TaskIndex, settle_failures, write_dropped
+from agl.algorithm.grpo.failures import TaskIndex, failure_rows, settle_failures, write_dropped
 from agl.algorithm.grpo.judging import judge_step
 from agl.algorithm.health import Failures
 from agl.schemas import Rollout, Span
@@ -99,10 +99,17 @@ class StepRollouts:
             zeroed=settled.zeroed,
             agents=cfg.agents,
         )
-        kept, judged_spans, judged = await judge_step(self.ctx.store, cfg.judge, kept, settled.spans)
+        kept, judged_spans, judged, misjudged = await judge_step(
+            self.ctx.store, cfg.judge, kept, settled.spans
+        )
+        write_dropped(self.out, failure_rows(misjudged, step, self.task_index, "the judge gave no score"))
         drawn = {self.task_index(r.input) for r in rollouts}
         metrics = {**settled.metrics, **stale, **judged}
-        return Round(kept, judged_spans, settled.zeroed, settled.failures, drawn, metrics)
+        if misjudged.failed:  # a judge that gives no score is a reward failure: counted, never trained
+            metrics["failed_rollouts"] = metrics.get("failed_rollouts", 0.0) + misjudged.failed
+            metrics["failed_reward"] = metrics.get("failed_reward", 0.0) + misjudged.failed
+            metrics["dropped_rollouts"] = metrics.get("dropped_rollouts", 0.0) + misjudged.failed
+        return Round(kept, judged_spans, settled.zeroed, settled.failures + misjudged, drawn, metrics)
 
     async def refill(self, first: Round, *, step: int, resources_id: str | None) -> Round:
         """``first`` topped up with rounds of new tasks until ``tasks_per_step`` groups carry signal or
