@@ -292,6 +292,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         "test_base": base,
         "test_after_warm_start": warm,
         "test_after_grpo": final,
+        "test_teacher": phases.get("teacher"),  # the teacher's own held-out score (a teacher warm start)
         "gain_total": final - base,
         "gain_from_grpo": final - warm,
         "train_tasks": len(recipe.train),
