@@ -1,0 +1,155 @@
+"""A recipe run in variants from the same training seeds: held-out scores, steps without an update, cost.
+
+Each (variant, seed) is one ``python -m examples.<recipe>.train --seed S <the variant's options>`` under
+``/usr/bin/time -v``, run one after another so they never share the cores, into ``OUT/<name>-<variant>-s<S>/``
+with its log beside it (``<name>`` is ``--name``, by default the recipe). Reported per run, from its
+``summary.json``, ``metrics.csv`` and log: the held-out score of the base model, after the warm start (and the
+teacher's own, for a teacher warm start) and after GRPO; the GRPO steps that trained no sample, the extra
+rollouts dynamic sampling drew and the share of rollouts merged into one sample; CPU seconds and peak RSS.
+Per variant: the mean and range over seeds.
+
+    python benchmarks/recipe_variants.py --recipe sql_agent --variants plain=,refill=--refill --seeds 0,1,2
+    python benchmarks/recipe_variants.py --recipe sql_agent --variants "teacher=--teacher qwen-coder" --seeds 0
+    python benchmarks/recipe_variants.py --recipe sql_agent --name sql --variants plain=,refill= --logs DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import _results  # noqa: E402
+
+SCORES = ("test_base", "test_teacher", "test_after_warm_start", "test_after_grpo")
+_TIME_FIELDS = {
+    "user_s": r"User time \(seconds\): ([\d.]+)",
+    "system_s": r"System time \(seconds\): ([\d.]+)",
+    "peak_rss_kb": r"Maximum resident set size \(kbytes\): (\d+)",
+    "exit_status": r"Exit status: (\d+)",
+}
+
+
+def variants_of(text: str) -> dict[str, list[str]]:
+    """``plain=,refill=--refill`` as ``{"plain": [], "refill": ["--refill"]}``."""
+    out = {}
+    for part in text.split(","):
+        name, _, options = part.partition("=")
+        if not re.fullmatch(r"[a-z0-9_]+", name):
+            raise SystemExit(
+                f"--variants: a variant name is lower-case letters, digits and '_', got {name!r}"
+            )
+        out[name] = shlex.split(options)
+    return out
+
+
+def run_one(recipe: str, out: Path, stem: str, seed: int, options: list[str]) -> None:
+    """One recipe run into ``out/stem`` with its ``/usr/bin/time -v`` log in ``out/stem.log``."""
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", f"examples.{recipe}.train", "--seed", str(seed)]
+    command += [*options, "--out", str(out / stem)]
+    with (out / f"{stem}.log").open("w") as log:
+        subprocess.run(
+            command, stdout=log, stderr=subprocess.STDOUT, check=False, cwd=_results.ROOT, env=os.environ
+        )
+
+
+def steps_of(metrics_csv: Path) -> dict[str, Any]:
+    """From a run's ``metrics.csv``: its GRPO steps, those that trained no sample, refill's extra rollouts
+    and the mean share of rollouts merged into one sample."""
+    rows = [r for r in csv.DictReader(metrics_csv.open()) if r.get("samples")]
+    number = lambda row, key: float(row.get(key) or 0.0)  # noqa: E731
+    merged = [number(r, "merged_fraction") for r in rows if r.get("merged_fraction")]
+    return {
+        "steps": len(rows),
+        "steps_without_update": sum(number(r, "samples") == 0 for r in rows),
+        "refill_rollouts": sum(number(r, "refill_rollouts") for r in rows),
+        "merged_fraction": round(statistics.fmean(merged), 4) if merged else None,
+    }
+
+
+def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
+    """One run's scores, steps and resources."""
+    log = (out / f"{stem}.log").read_text()
+    found = {k: re.search(p, log) for k, p in _TIME_FIELDS.items()}
+    missing = [k for k, m in found.items() if m is None]
+    if missing:
+        raise SystemExit(f"{out}/{stem}.log has no /usr/bin/time -v lines {missing}")
+    times = {k: float(m.group(1)) for k, m in found.items() if m is not None}
+    if times["exit_status"] != 0:
+        raise SystemExit(f"{stem} failed: see {out}/{stem}.log")
+    summary = json.loads((out / stem / "summary.json").read_text())
+    return {
+        "variant": variant,
+        "seed": seed,
+        **{k: summary.get(k) for k in SCORES},
+        "warm_start_from": summary.get("warm_start_from"),
+        **steps_of(out / stem / "metrics.csv"),
+        "cpu_s": round(times["user_s"] + times["system_s"], 1),
+        "peak_rss_gb": round(times["peak_rss_kb"] / 1024**2, 2),
+        "wall_time_s": summary.get("wall_time_s"),
+    }
+
+
+def spread(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
+    values = [float(r[key]) for r in runs if isinstance(r.get(key), int | float)]
+    if not values:
+        return None
+    return {"mean": round(statistics.fmean(values), 4), "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--recipe", required=True, help="examples.<recipe>.train: sql_agent, calc, multi_agent, ..."
+    )
+    parser.add_argument("--name", default=None, help="the runs' folder prefix (default: the recipe)")
+    parser.add_argument("--variants", required=True, help="name=options,...: e.g. plain=,refill=--refill")
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
+    parser.add_argument("--out", type=Path, default=Path("results/recipe_variants"), help="the runs' folders")
+    parser.add_argument("--logs", type=Path, default=None, help="read runs already in DIR; run nothing")
+    parser.add_argument("--note", default="", help="what the runs were (kept in the result's summary)")
+    _results.add_arguments(parser)
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    variants = variants_of(args.variants)
+    name = args.name or args.recipe
+    recorder = _results.Recorder("recipe_variants", args)
+    out = args.logs or args.out
+    if args.logs is None:
+        out.mkdir(parents=True, exist_ok=True)
+        for seed in seeds:
+            for variant, options in variants.items():
+                print(f"running {name}-{variant} seed {seed}", flush=True)
+                run_one(args.recipe, out, f"{name}-{variant}-s{seed}", seed, options)
+    runs = [read_run(out, f"{name}-{v}-s{s}", v, s) for v in variants for s in seeds]
+    summary: dict[str, Any] = {"recipe": args.recipe, "seeds": seeds, "variants": variants, "note": args.note}
+    keys = (*SCORES, "steps_without_update", "refill_rollouts", "merged_fraction", "cpu_s", "peak_rss_gb")
+    for variant in variants:
+        mine = [r for r in runs if r["variant"] == variant]
+        summary[variant] = {k: spread(mine, k) for k in keys}
+        print(variant, json.dumps(summary[variant]))
+    for variant in variants:  # a result per variant, each with every variant's summary beside it
+        recorder.save(
+            metric="held-out score after GRPO",
+            unit="share",
+            values=[r["test_after_grpo"] for r in runs if r["variant"] == variant],
+            runs=[r for r in runs if r["variant"] == variant],
+            summary=summary,
+            variant=f"{args.recipe}-{variant}",
+        )
+
+
+if __name__ == "__main__":
+    main()

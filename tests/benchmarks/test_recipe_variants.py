@@ -1,0 +1,67 @@
+"""benchmarks/recipe_variants.py summarising runs already made (``--logs``): scores from each run's summary,
+steps without an update and refill's rollouts from its metrics.csv, CPU and memory from its time log."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "recipe_variants.py"
+TIME_LOG = """\
+\tUser time (seconds): {user}
+\tSystem time (seconds): 10.0
+\tMaximum resident set size (kbytes): {kb}
+\tExit status: {status}
+"""
+
+
+def _run(out: Path, stem: str, after: float, samples: list[int], refill: list[int], status: int = 0) -> None:
+    """A run folder as a recipe leaves it, and its ``/usr/bin/time -v`` log beside it."""
+    (out / stem).mkdir(parents=True)
+    summary = {"test_base": 0.0, "test_after_warm_start": 0.5, "test_after_grpo": after, "test_teacher": None}
+    (out / stem / "summary.json").write_text(json.dumps(summary))
+    rows = ["step,samples,merged_fraction,refill_rollouts", "0,,,"]
+    rows += [f"{i + 1},{n},1.0,{r}" for i, (n, r) in enumerate(zip(samples, refill, strict=True))]
+    (out / stem / "metrics.csv").write_text("\n".join(rows) + "\n")
+    (out / f"{stem}.log").write_text(
+        "training...\n" + TIME_LOG.format(user=90.0, kb=3 * 1024**2, status=status)
+    )
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
+    _run(tmp_path, "sql-plain-s0", 0.5, [8, 0, 0], [0, 0, 0])
+    _run(tmp_path, "sql-plain-s1", 0.75, [8, 8, 0], [0, 0, 0])
+    _run(tmp_path, "sql-refill-s0", 0.625, [8, 8, 8], [8, 0, 16])
+    _run(tmp_path, "sql-refill-s1", 0.875, [8, 8, 8], [0, 0, 8])
+    common = ["--recipe", "sql_agent", "--name", "sql", "--seeds", "0,1", "--logs", str(tmp_path)]
+    done = _bench(*common, "--variants", "plain=,refill=--refill", "--results-dir", str(tmp_path / "res"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = sorted((tmp_path / "res" / "recipe_variants").glob("*.json"))
+    assert [f.name.split("-", 4)[-1] for f in files] == ["sql_agent-plain.json", "sql_agent-refill.json"]
+    plain, refill = (json.loads(f.read_text()) for f in files)
+    assert plain["values"] == [0.5, 0.75] and refill["values"] == [0.625, 0.875]
+    assert [r["steps_without_update"] for r in plain["runs"]] == [2, 1]
+    assert [r["refill_rollouts"] for r in refill["runs"]] == [24, 8]
+    summary = refill["summary"]
+    assert summary["plain"]["steps_without_update"] == {"mean": 1.5, "min": 1.0, "max": 2.0}
+    assert (
+        summary["refill"]["steps_without_update"]["max"] == 0.0 and summary["refill"]["test_teacher"] is None
+    )
+    assert plain["runs"][0]["cpu_s"] == 100.0 and plain["runs"][0]["peak_rss_gb"] == 3.0
+
+    _run(tmp_path, "sql-broken-s0", 0.0, [8], [0], status=1)
+    failed = _bench(
+        *common[:-4], "--seeds", "0", "--logs", str(tmp_path), "--variants", "broken=", "--no-save"
+    )
+    assert failed.returncode != 0 and "sql-broken-s0 failed" in failed.stderr
