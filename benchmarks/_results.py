@@ -27,6 +27,32 @@ RESULTS = ROOT / "benchmarks" / "results"
 _NOT_CODE = (":(exclude)benchmarks/results", ":(exclude)BENCHMARKS.md")
 
 
+#: what a ``/usr/bin/time -v`` log says of a finished command, read by :func:`timed_run`
+_TIME_FIELDS = {
+    "user_s": r"User time \(seconds\): ([\d.]+)",
+    "system_s": r"System time \(seconds\): ([\d.]+)",
+    "peak_rss_kb": r"Maximum resident set size \(kbytes\): (\d+)",
+    "exit_status": r"Exit status: (\d+)",
+}
+
+
+def timed_run(log_path: Path) -> dict[str, float]:
+    """A finished run's CPU seconds (``cpu_s``) and peak RSS (``peak_rss_gb``) from its ``/usr/bin/time -v``
+    log; exits naming the log when the lines are missing or the run failed."""
+    log = log_path.read_text()
+    found = {k: re.search(p, log) for k, p in _TIME_FIELDS.items()}
+    missing = [k for k, m in found.items() if m is None]
+    if missing:
+        raise SystemExit(f"{log_path} has no /usr/bin/time -v lines {missing}")
+    times = {k: float(m.group(1)) for k, m in found.items() if m is not None}
+    if times["exit_status"] != 0:
+        raise SystemExit(f"the run failed (exit {times['exit_status']:.0f}): see {log_path}")
+    return {
+        "cpu_s": round(times["user_s"] + times["system_s"], 1),
+        "peak_rss_gb": round(times["peak_rss_kb"] / 1024**2, 2),
+    }
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, repeat: bool = False) -> None:
     """``--no-save`` and ``--results-dir`` (and ``--repeat N``: run the whole measurement N times)."""
     parser.add_argument("--no-save", action="store_true", help="write no result file")

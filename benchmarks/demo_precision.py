@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -27,12 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _results  # noqa: E402
 
 PHASES = ("val_accuracy_before", "val_accuracy_after_sft", "val_accuracy_after")
-_TIME_FIELDS = {
-    "user_s": r"User time \(seconds\): ([\d.]+)",
-    "system_s": r"System time \(seconds\): ([\d.]+)",
-    "peak_rss_kb": r"Maximum resident set size \(kbytes\): (\d+)",
-    "exit_status": r"Exit status: (\d+)",
-}
 
 
 def run_one(out: Path, precision: str, seed: int, model: str) -> None:
@@ -47,21 +40,13 @@ def run_one(out: Path, precision: str, seed: int, model: str) -> None:
 
 def read_run(out: Path, precision: str, seed: int) -> dict[str, Any]:
     """One run's accuracies (its ``summary.json``) and resources (its ``/usr/bin/time -v`` log)."""
-    log = (out / f"calc-{precision}-s{seed}.log").read_text()
-    found = {k: re.search(p, log) for k, p in _TIME_FIELDS.items()}
-    missing = [k for k, m in found.items() if m is None]
-    if missing:
-        raise SystemExit(f"{out}/calc-{precision}-s{seed}.log has no /usr/bin/time -v lines {missing}")
-    times = {k: float(m.group(1)) for k, m in found.items() if m is not None}
-    if times["exit_status"] != 0:
-        raise SystemExit(f"the {precision} run of seed {seed} failed: see {out}/calc-{precision}-s{seed}.log")
+    resources = _results.timed_run(out / f"calc-{precision}-s{seed}.log")
     summary = json.loads((out / f"calc-{precision}-s{seed}" / "summary.json").read_text())
     return {
         "precision": precision,
         "seed": seed,
         **{k: summary[k] for k in PHASES},
-        "cpu_s": round(times["user_s"] + times["system_s"], 1),
-        "peak_rss_gb": round(times["peak_rss_kb"] / 1024**2, 2),
+        **resources,
         "wall_time_s": summary.get("wall_time_s"),
     }
 

@@ -32,12 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import _results  # noqa: E402
 
 SCORES = ("test_base", "test_teacher", "test_after_warm_start", "test_after_grpo")
-_TIME_FIELDS = {
-    "user_s": r"User time \(seconds\): ([\d.]+)",
-    "system_s": r"System time \(seconds\): ([\d.]+)",
-    "peak_rss_kb": r"Maximum resident set size \(kbytes\): (\d+)",
-    "exit_status": r"Exit status: (\d+)",
-}
 
 
 def variants_of(text: str) -> dict[str, list[str]]:
@@ -79,14 +73,7 @@ def steps_of(metrics_csv: Path) -> dict[str, Any]:
 
 def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
     """One run's scores, steps and resources."""
-    log = (out / f"{stem}.log").read_text()
-    found = {k: re.search(p, log) for k, p in _TIME_FIELDS.items()}
-    missing = [k for k, m in found.items() if m is None]
-    if missing:
-        raise SystemExit(f"{out}/{stem}.log has no /usr/bin/time -v lines {missing}")
-    times = {k: float(m.group(1)) for k, m in found.items() if m is not None}
-    if times["exit_status"] != 0:
-        raise SystemExit(f"{stem} failed: see {out}/{stem}.log")
+    resources = _results.timed_run(out / f"{stem}.log")
     summary = json.loads((out / stem / "summary.json").read_text())
     return {
         "variant": variant,
@@ -94,8 +81,7 @@ def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
         **{k: summary.get(k) for k in SCORES},
         "warm_start_from": summary.get("warm_start_from"),
         **steps_of(out / stem / "metrics.csv"),
-        "cpu_s": round(times["user_s"] + times["system_s"], 1),
-        "peak_rss_gb": round(times["peak_rss_kb"] / 1024**2, 2),
+        **resources,
         "wall_time_s": summary.get("wall_time_s"),
     }
 

@@ -64,4 +64,4 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
     failed = _bench(
         *common[:-4], "--seeds", "0", "--logs", str(tmp_path), "--variants", "broken=", "--no-save"
     )
-    assert failed.returncode != 0 and "sql-broken-s0 failed" in failed.stderr
+    assert failed.returncode != 0 and "the run failed (exit 1): see" in failed.stderr
