@@ -258,6 +258,36 @@ def test_chat_token_ids_and_logprobs_match_transformers(
     assert diff < LOGPROB_TOL
 
 
+@needs_vllm
+async def test_vllm_scores_a_students_tokens_for_on_policy_distillation(
+    server: VllmServer, tiny_path: Path
+) -> None:
+    """A distillation teacher served by vLLM: EndpointTeacher reads its ``prompt_logprobs`` (the token ids
+    as sent, no re-tokenizing) and gets the log-probs a float32 transformers forward pass gives."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from agl.adapter.trajectory import Sample
+    from agl.algorithm.policy.distill import EndpointTeacher
+
+    tok = AutoTokenizer.from_pretrained(tiny_path)
+    text = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    prompt = list(tok(text, add_special_tokens=False)["input_ids"])
+    completion = list(tok("Sunny, 21 degrees.", add_special_tokens=False)["input_ids"])
+    ids, mask = (*prompt, *completion), (0,) * len(prompt) + (1,) * len(completion)
+    (scored,) = await EndpointTeacher(server.base_url, "tiny", tok).score(
+        [Sample("r", "g", ids, mask, None, 0.0)]
+    )
+    assert scored.teacher_logprobs is not None
+    with torch.no_grad():
+        logits = _load_fp32(tiny_path)(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    got = torch.tensor(scored.teacher_logprobs[1:])
+    model_tokens = torch.tensor(mask[1:]) > 0
+    assert float((got - want)[model_tokens].abs().max()) < LOGPROB_TOL
+    assert not got[~model_tokens].any()  # prompt tokens carry no teacher score
+
+
 def _random_lora(base: Path, out: Path) -> Path:
     """A rank-8 PEFT adapter on every projection with random non-zero B, so it changes the outputs."""
     import torch
