@@ -189,7 +189,7 @@ class GRPOConfig:
             return
         if not isinstance(teacher, Teacher):
             raise ConfigError(
-                f"GRPOConfig.teacher must be an agl.Teacher(path=...) or None, got a {type(teacher).__name__}"
+                f"GRPOConfig.teacher must be an agl.Teacher(path=... or an endpoint) or None, got a {type(teacher).__name__}"
             )
         if isinstance(self.distill_coef, bool) or not self.distill_coef > 0:
             raise ConfigError(

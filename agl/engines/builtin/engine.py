@@ -457,15 +457,17 @@ class Engine:
                 rows = logits[start : start + PROMPT_LOGPROB_ROWS].float().log_softmax(-1)
                 wanted = tokens[0, start + 1 : start + 1 + rows.shape[0]]
                 taken = rows.gather(1, wanted.unsqueeze(1)).squeeze(1)
-                ranks = (rows > taken.unsqueeze(1)).sum(1) + 1
-                best = rows.topk(top, dim=1) if top else None
-                for i in range(rows.shape[0]):
-                    tops = (
-                        list(zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True))
-                        if best
-                        else []
-                    )
-                    out.append((float(taken[i]), int(ranks[i]), tops))
+                ranks = ((rows > taken.unsqueeze(1)).sum(1) + 1).tolist()
+                lps_top, ids_top = rows.topk(top, dim=1) if top else (None, None)
+                tops = (
+                    [
+                        list(zip(i, v, strict=True))
+                        for i, v in zip(ids_top.tolist(), lps_top.tolist(), strict=True)
+                    ]
+                    if ids_top is not None and lps_top is not None
+                    else [[] for _ in ranks]
+                )
+                out += list(zip(taken.tolist(), ranks, tops, strict=True))
         return out
 
     # ----- weights -------------------------------------------------------------------------------
