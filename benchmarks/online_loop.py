@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agl.testing import free_port, wait_http  # noqa: E402
 from benchmarks import _results  # noqa: E402
 
 TOKEN = "reward-token-online-loop"
@@ -67,26 +67,6 @@ def production_model(model: str, out: Path, seed: int) -> Path:
     schedule = {"steps": steps, "batch_size": 8, "lr": lr, "seed": seed}
     export_policy(policy, folder, base_path=base, info={"warm_start": schedule, "base": base})
     return folder
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout_s: float = 300.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -367,11 +347,11 @@ def orchestrate(args: argparse.Namespace) -> None:
     procs = [spawn([sys.executable, "-m", "agl", "engine", "serve", "--model", str(v0), "--port",
                     str(ports["engine"]), "--max-batch-size", "8"], args.out / "engine.log")]  # fmt: skip
     try:
-        wait_http(urls["engine"] + "/health")
+        wait_http(urls["engine"] + "/health", 300)
         procs.append(spawn([sys.executable, "-m", "agl", "gateway", "serve", "--upstream", urls["engine"] + "/v1",
                             "--kind", "agl", "--store", urls["store"], "--port", str(ports["gateway"]),
                             "--record-unattributed", "--reward-token", TOKEN], args.out / "gateway.log"))  # fmt: skip
-        wait_http(urls["gateway"] + "/health")
+        wait_http(urls["gateway"] + "/health", 300)
         common = ["--gateway", urls["gateway"], "--seed", str(args.seed), "--stop", str(args.out / "stop")]
         procs.append(spawn([*me, "client", *common, "--tasks", str(args.out / "pool.jsonl"), "--log",
                             str(args.out / "client.jsonl")], args.out / "client.log"))  # fmt: skip

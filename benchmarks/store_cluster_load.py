@@ -36,7 +36,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from store_throughput import attribute_pool  # noqa: E402
 
 from agl.schemas import AttemptStatus, RolloutCreate, Span  # noqa: E402
 from agl.store import LightningStore  # noqa: E402
+from agl.testing import free_port  # noqa: E402
 from benchmarks import _results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,12 +281,6 @@ def _drop_schema(url: str) -> None:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from agl.store.client import LightningStoreClient
 
@@ -296,7 +290,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         backend = f"sqlite:///{workdir}/cluster.db"
     elif backend.startswith("postgres"):  # a fresh schema per run
         backend += ("&" if "?" in backend else "?") + f"schema=bench_{uuid.uuid4().hex[:8]}"
-    ports = [_free_port() for _ in range(args.servers)]
+    ports = [free_port() for _ in range(args.servers)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     servers = []
     for n, port in enumerate(ports):

@@ -16,43 +16,30 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from agl.testing import free_port, wait_http
+
 TOKEN = "shots-token"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
 
 
 def shoot(base: str, out: Path, calls_min: int, step: int | None) -> list[Path]:
     """Open each page and write its screenshot; returns the files."""
     from playwright.sync_api import sync_playwright
 
-    def get(path: str, **params: object) -> dict:
+    def get(path: str, **params: str | int) -> dict[str, Any]:
         api = {"authorization": f"Bearer {TOKEN}"}
-        return httpx.get(f"{base}/ui/api/{path}", params=params, headers=api, timeout=60).json()
+        found: dict[str, Any] = httpx.get(
+            f"{base}/ui/api/{path}", params=params, headers=api, timeout=60
+        ).json()
+        return found
 
     listed = get("rollouts", limit=1, sort="calls")
     busiest = listed["items"][0]["rollout_id"] if listed.get("items") else None
@@ -113,7 +100,7 @@ def main() -> None:
         ),
     ]
     try:
-        wait(f"http://127.0.0.1:{store_port}/health")
+        wait_http(f"http://127.0.0.1:{store_port}/health")
         procs.append(
             subprocess.Popen(
                 [*agl, "dashboard", "--store", f"http://127.0.0.1:{store_port}", "--port", str(ui_port),
@@ -122,7 +109,7 @@ def main() -> None:
             )
         )  # fmt: skip
         base = f"http://127.0.0.1:{ui_port}"
-        wait(f"{base}/ui/")
+        wait_http(f"{base}/ui/")
         for path in shoot(base, args.out, args.calls_min, args.step):
             print(path)
     finally:

@@ -45,7 +45,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,6 +55,8 @@ import httpx
 import pytest
 import tomllib
 from markdown_it import MarkdownIt
+
+from agl.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -160,12 +161,6 @@ BLOCKS = parse_readme(README.read_text())
 SECTIONS = list(dict.fromkeys(b.section for b in BLOCKS if b.runnable))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _workdir(tmp: Path) -> Path:
     for name in _MIRRORED:
         (tmp / name).symlink_to(ROOT / name)
@@ -236,7 +231,7 @@ def _ported(text: str, ports: dict[str, str]) -> str:
 
 def run_section(name: str, tmp: Path) -> None:
     """Run one section's blocks as the module docstring says."""
-    cwd, env, ports = _workdir(tmp), _env(), {p: str(_free_port()) for p in PORTS}
+    cwd, env, ports = _workdir(tmp), _env(), {p: str(free_port()) for p in PORTS}
     earlier = BLOCKS[: next(i for i, b in enumerate(BLOCKS) if b.section == name)]
     for block in earlier:
         if block.file is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from agl.algorithm.sft import SFT, SFTConfig, train_from_store
 from agl.errors import ConfigError
 from agl.models import tiny_model
 from agl.store.memory import InMemoryLightningStore
+from agl.testing import free_port
 from tests.tiny_agents import digits_agent
 
 LOGITS_ATOL = 1e-5  # fp32 export vs the in-process fp32 policy; LoRA merged observed ~7e-7, full 0.0
@@ -139,12 +139,6 @@ def test_best_validation_policy_is_written_when_validation_improves(
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_agl_engine_serve_serves_the_exported_model(grpo_run: tuple[GRPO, dict[str, Any], Path]) -> None:
@@ -152,7 +146,7 @@ def test_agl_engine_serve_serves_the_exported_model(grpo_run: tuple[GRPO, dict[s
     from agl.algorithm.policy.logprobs import token_logprobs
 
     grpo, _, out = grpo_run
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "agl", "engine", "serve", "--model", str(out / "model"), "--port", str(port)]
     proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stderr=subprocess.PIPE)
     try:

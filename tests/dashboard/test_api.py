@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +17,7 @@ from agl.adapter import llm_calls
 from agl.adapter.behaviour import rollout_behaviour
 from agl.asgi_server import BackgroundServer
 from agl.dashboard import standalone_app
+from agl.testing import free_port, wait_http
 from tests.dashboard.conftest import API_KEY, CRITIQUE, PROMPT_V1, TOKEN, Filled
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -233,26 +232,9 @@ def test_standalone_dashboard_reads_a_remote_store(filled: Filled) -> None:
         assert metrics == {"runs": [], "configured": False}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_up(url: str, deadline_s: float = 30) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError(f"{url} did not come up")
-
-
 @pytest.mark.slow  # two CLI processes start (~15 s on a busy machine)
 def test_agl_store_serve_and_agl_dashboard_commands_serve_the_ui(tmp_path: Any) -> None:
-    store_port, ui_port = _free_port(), _free_port()
+    store_port, ui_port = free_port(), free_port()
     store_url = f"http://127.0.0.1:{store_port}"
     serve = [
         sys.executable,
@@ -274,7 +256,7 @@ def test_agl_store_serve_and_agl_dashboard_commands_serve_the_ui(tmp_path: Any) 
     ]
     try:
         for url in (store_url, f"http://127.0.0.1:{ui_port}"):
-            _wait_up(f"{url}/health")
+            wait_http(f"{url}/health")
             assert httpx.get(f"{url}/ui/").status_code == 200
             assert httpx.get(f"{url}/ui/api/summary").status_code == 401
         metrics = httpx.get(f"{store_url}/ui/api/metrics", headers=AUTH).json()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,8 @@ from typer.testing import CliRunner
 
 import agl
 from agl.cli import app
+from agl.testing import free_port
 from tests.support.openai_upstream import OpenAIUpstream
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(proc: subprocess.Popen[bytes], port: int) -> None:

@@ -18,16 +18,11 @@ import pytest
 from agl.errors import AglError
 from agl.schemas import AttemptStatus, RetryConfig, RolloutCreate, RolloutStatus, Span
 from agl.store.client import LightningStoreClient
+from agl.testing import free_port
 from tests.support.waiting import until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start_server(backend: str, port: int) -> subprocess.Popen[bytes]:
@@ -69,7 +64,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 async def test_kill_9_server_mid_load_loses_nothing_acknowledged(backend: str) -> None:
-    port = _free_port()
+    port = free_port()
     server = _start_server(backend, port)
     client = LightningStoreClient(f"http://127.0.0.1:{port}", retries=60, backoff_s=0.05, timeout_s=10)
     retry = RetryConfig(max_attempts=5, heartbeat_timeout_s=1.5)
@@ -139,7 +134,7 @@ RUNNER = textwrap.dedent(
 
 
 async def test_killed_runner_attempt_becomes_unresponsive_and_is_retried(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     server = _start_server(f"sqlite:///{tmp_path}/runner.db", port)
     url = f"http://127.0.0.1:{port}"
     client = LightningStoreClient(url)

@@ -90,7 +90,7 @@ def test_evaluate_models_scores_each_model_and_compares_them(endpoint: agl.LLM, 
     assert len(rollouts) == 40 and {r.mode for r in rollouts} == {"val"}
     # each model's rollouts ran at a resources version carrying its label (the dashboard shows it)
     labels = {v.resources_id: v.metadata.get("label") for v in versions}
-    assert Counter(labels[r.resources_id] for r in rollouts) == {"base": 20, "endpoint": 20}
+    assert Counter(labels[r.resources_id or ""] for r in rollouts) == {"base": 20, "endpoint": 20}
 
 
 def test_bad_arguments_are_named(tmp_path: Path) -> None:
