@@ -91,6 +91,8 @@ class TrainingContext:
             (SFT's warm start).
         teacher_llm: the LLM resource that reaches the teacher (``ModelSpec.teacher``) through the same
             gateway; None when the algorithm declares none.
+        release_teacher: stops the engine fit serves a local teacher on, freeing its weights and cache for
+            training once its traces are in (a no-op for an endpoint teacher, or none).
     """
 
     store: LightningStore
@@ -103,6 +105,7 @@ class TrainingContext:
     model_version: str = "v0"
     tools: list[dict[str, Any]] | None = None
     teacher_llm: LLM | None = None
+    release_teacher: Callable[[], Awaitable[None]] = _no_flush
 
     async def publish(self, resources: dict[str, Resource], **metadata: Any) -> str:
         """Store a new resources version (rollouts enqueued with its id run with it); returns the id."""

@@ -258,6 +258,7 @@ async def teach(
     if val:
         phases["teacher"] = await teacher_score(ctx, val, resources_id, timeout_s=timeout_s)
     traces = await collect_traces(ctx, teacher, train, resources_id, timeout_s=timeout_s)
+    await ctx.release_teacher()  # its work is done: a local teacher's memory goes to the student's training
     if teacher.export_jsonl:
         export_traces(traces, Path(ctx.output_dir) / TRACES_FILE)
     samples = samples_from_traces(policy.tokenizer, traces)

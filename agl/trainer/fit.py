@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import logging
 import secrets
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -226,8 +227,10 @@ async def _serve_model(
     )
     stack.callback(engines.stop)
     upstreams = list(engines.upstreams)
+    release_teacher = None
     if model.teacher is not None:
-        upstreams.append(await _teacher_upstream(stack, model.teacher, work_dir, placer))
+        teacher_upstream, release_teacher = await _teacher_upstream(stack, model.teacher, work_dir, placer)
+        upstreams.append(teacher_upstream)
     settings = trainer.serving
     client_token = gateway_client_token(settings)
     gateway = Gateway(
@@ -251,22 +254,26 @@ async def _serve_model(
     ctx.llm, ctx.flush, ctx.model_path = llm, gateway.flush, model.path
     if model.teacher is not None:  # the same gateway, so teacher calls are recorded like the student's
         ctx.teacher_llm = llm.model_copy(update={"model": model.teacher.model})
+    if release_teacher is not None:
+        ctx.release_teacher = release_teacher
     ctx.engines, ctx.gateway = engines, gateway
     return ctx
 
 
 async def _teacher_upstream(
     stack: contextlib.AsyncExitStack, teacher: TeacherSpec, work_dir: Path, placer: Placer | None
-) -> UpstreamConfig:
+) -> tuple[UpstreamConfig, Callable[[], Awaitable[None]] | None]:
     """The gateway's upstream for the teacher, under its own model name: its endpoint, or a frozen
-    built-in engine fit starts for its folder (stopped with the rest)."""
+    built-in engine fit starts for its folder (stopped with the rest, or by the release this returns
+    with it, once the algorithm has the teacher's traces)."""
     from agl.engines.launch import start_engines
     from agl.gateway.config import UpstreamConfig
 
     if teacher.endpoint is not None:
-        return UpstreamConfig(
+        upstream = UpstreamConfig(
             url=teacher.endpoint, kind="openai", api_key=teacher.api_key, models=[teacher.model]
         )
+        return upstream, None
     assert teacher.path is not None
     served = await start_engines(
         teacher.engine,
@@ -276,5 +283,13 @@ async def _teacher_upstream(
         placer=placer,
     )
     stack.callback(served.stop)
+
+    async def release() -> None:
+        await asyncio.to_thread(served.stop)
+        served.replicas.clear()  # the engines' weights and caches go with their last references
+        gc.collect()
+        log.info("the teacher's engine is stopped: its memory goes to training")
+
     upstream = served.upstreams[0]
-    return upstream.model_copy(update={"models": [teacher.model], "name": f"teacher:{upstream.backend}"})
+    named = upstream.model_copy(update={"models": [teacher.model], "name": f"teacher:{upstream.backend}"})
+    return named, release

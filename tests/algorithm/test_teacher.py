@@ -333,6 +333,51 @@ def test_a_local_teacher_folder_is_served_by_fit_on_its_own_engine(tmp_path: Pat
     )
 
 
+TEACHER_PROBES: list[tuple[str, bool]] = []
+
+
+@agl.rollout
+async def teacher_probing_agent(task: str, llm: agl.LLM, rollout: agl.Rollout) -> float:
+    """``digits_agent``; as the student it first asks the teacher's model name too, and notes whether the
+    teacher still answers."""
+    if llm.model == "policy":
+        client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "k", max_retries=0)
+        try:
+            await client.chat.completions.create(
+                model="teacher", messages=[{"role": "user", "content": task}], max_tokens=2
+            )
+            TEACHER_PROBES.append((rollout.mode, True))
+        except openai.APIError:
+            TEACHER_PROBES.append((rollout.mode, False))
+        finally:
+            await client.close()
+    return float(await digits_agent(task, llm))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_local_teacher_is_stopped_once_its_traces_are_in(tmp_path: Path) -> None:
+    """Its engine's memory goes to the student's training: before the warm start (the base score) the
+    teacher answers; in the student's training after it, the teacher's name no longer reaches a model."""
+    TEACHER_PROBES.clear()
+    config = SFTConfig(
+        model_path=str(tiny_model()),
+        iterations=1,
+        samples_per_task=2,
+        tasks_per_iteration=2,
+        min_reward=None,
+        batch_size=2,
+        lr=1e-3,
+        teacher=agl.Teacher(path=str(tiny_model(seed=1)), samples_per_task=1, min_reward=None, steps=1),
+    )
+    agl.Trainer(algorithm=SFT(config), n_runners=2, output_dir=str(tmp_path / "run")).fit(
+        teacher_probing_agent, ["a", "b"], ["c"]
+    )
+    answered = {mode: [ok for m, ok in TEACHER_PROBES if m == mode] for mode in ("val", "train")}
+    assert answered["val"][0] is True  # the base score, before the teacher's traces
+    assert answered["train"] and not any(answered["train"])  # after them: the teacher's engine is gone
+
+
 def test_a_teacher_is_an_endpoint_with_a_model_or_a_folder() -> None:
     assert GRPO(GRPOConfig(model_path="/m", warm_start=agl.Teacher(path="/t"))).model_spec().teacher == (
         agl.Teacher(path="/t").spec()
