@@ -245,7 +245,9 @@ def _rss_stays_flat(
     assert (max(settled) - min(settled)) / MB < band_mb, readings
     climb = statistics.median(settled[-window:]) - statistics.median(settled[:window])
     assert climb / MB < climb_mb, f"still climbing: {readings}"
-    assert step_peaks()["peak_rss_gb"] * GB >= max(held[warm_up:]) >= max(settled)
+    # the monitor samples every 20 ms (and after each forward pass): a page or two faulted in after its
+    # last sample can put a held reading just above its peak (once in CI, under load)
+    assert step_peaks()["peak_rss_gb"] * GB + 16 * MB >= max(held[warm_up:]) >= max(settled)
 
 
 def test_defaults_are_memory_safe_per_device() -> None:
