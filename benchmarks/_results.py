@@ -53,6 +53,14 @@ def timed_run(log_path: Path) -> dict[str, float]:
     }
 
 
+def spread(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
+    """The mean (4 places), min and max of ``key`` over the runs that have a number for it; None if none do."""
+    values = [float(r[key]) for r in runs if isinstance(r.get(key), int | float)]
+    if not values:
+        return None
+    return {"mean": round(statistics.fmean(values), 4), "min": min(values), "max": max(values)}
+
+
 def add_arguments(parser: argparse.ArgumentParser, *, repeat: bool = False) -> None:
     """``--no-save`` and ``--results-dir`` (and ``--repeat N``: run the whole measurement N times)."""
     parser.add_argument("--no-save", action="store_true", help="write no result file")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +50,6 @@ def read_run(out: Path, precision: str, seed: int) -> dict[str, Any]:
     }
 
 
-def spread(runs: list[dict[str, Any]], key: str) -> dict[str, float]:
-    values = [float(r[key]) for r in runs]
-    return {"mean": round(statistics.fmean(values), 4), "min": min(values), "max": max(values)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -82,7 +76,7 @@ def main() -> None:
     summary: dict[str, Any] = {"model": args.model, "seeds": seeds, "note": args.note}
     for precision in precisions:
         mine = [r for r in runs if r["precision"] == precision]
-        summary[precision] = {k: spread(mine, k) for k in (*PHASES, "cpu_s", "peak_rss_gb")}
+        summary[precision] = {k: _results.spread(mine, k) for k in (*PHASES, "cpu_s", "peak_rss_gb")}
         print(
             f"{precision}: held-out base {summary[precision]['val_accuracy_before']}, after warm start "
             f"{summary[precision]['val_accuracy_after_sft']}, after GRPO {summary[precision]['val_accuracy_after']}"

@@ -86,13 +86,6 @@ def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
     }
 
 
-def spread(runs: list[dict[str, Any]], key: str) -> dict[str, float] | None:
-    values = [float(r[key]) for r in runs if isinstance(r.get(key), int | float)]
-    if not values:
-        return None
-    return {"mean": round(statistics.fmean(values), 4), "min": min(values), "max": max(values)}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -124,7 +117,7 @@ def main() -> None:
     keys = (*SCORES, "steps_without_update", "refill_rollouts", "merged_fraction", "cpu_s", "peak_rss_gb")
     for variant in variants:
         mine = [r for r in runs if r["variant"] == variant]
-        summary[variant] = {k: spread(mine, k) for k in keys}
+        summary[variant] = {k: _results.spread(mine, k) for k in keys}
         print(variant, json.dumps(summary[variant]))
     for variant in variants:  # a result per variant, each with every variant's summary beside it
         recorder.save(
