@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 SYSTEM = (
@@ -32,7 +33,7 @@ def add(a: int, b: int) -> int:
 
 def tool_schema() -> dict[str, Any]:
     """``add`` as an OpenAI tool, exactly as TRL describes it to the template (transformers' schema)."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     return dict(get_json_schema(add))
 
@@ -68,6 +69,11 @@ def trace(task: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def numbers_in(text: str) -> list[str]:
+    """The integers written in ``text``, as the rewards read a reply."""
+    return re.findall(r"-?\d+", text)
+
+
 def call_tool(name: str, arguments: str | dict[str, Any]) -> str:
     """Run one tool call as TRL does (an unknown tool or bad arguments become an error result)."""
     try:
@@ -77,3 +83,30 @@ def call_tool(name: str, arguments: str | dict[str, Any]) -> str:
         return str(add(**args))
     except Exception as exc:  # the model's arguments, not the benchmark, are at fault: tell the model
         return str({"error": str(exc)})
+
+
+async def converse(
+    client: Any, model: str, task: dict[str, Any], *, turns: int, max_tokens: int, **sampling: Any
+) -> tuple[str, int]:
+    """Up to ``turns`` model calls of ``client`` (an ``openai.AsyncOpenAI``) on ``task``, running each reply's
+    tool calls and stopping at a reply without any. Returns the last reply's text and the tokens counted as
+    TRL counts them: the first prompt and every generated token (tool results left out)."""
+    messages: list[dict[str, Any]] = list(task["prompt"])
+    answer, tokens = "", 0
+    for _ in range(turns):
+        reply = await client.chat.completions.create(
+            model=model, messages=messages, tools=[tool_schema()], max_tokens=max_tokens, **sampling
+        )
+        if reply.usage:
+            tokens += reply.usage.completion_tokens + (reply.usage.prompt_tokens if not tokens else 0)
+        message = reply.choices[0].message
+        answer = message.content or ""
+        if not message.tool_calls:
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            result = call_tool(call.function.name, call.function.arguments)
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": result}
+            )
+    return answer, tokens

@@ -75,17 +75,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         """Step wall time (generation, reward, update: TRL generates inside the step) and the token counter."""
 
         def __init__(self) -> None:
-            self.began = 0.0
+            self.began = self.cpu_began = 0.0
             self.starts: list[float] = []
             self.times: list[float] = []
+            self.cpu: list[float] = []
             self.tokens: list[float] = []
 
         def on_step_begin(self, *a: Any, **k: Any) -> None:
-            self.began = time.perf_counter()
+            self.began, self.cpu_began = time.perf_counter(), time.process_time()
             self.starts.append(self.began)
 
-        def on_step_end(self, *a: Any, **k: Any) -> None:
+        def on_step_end(self, *a: Any, **k: Any) -> None:  # (training args, state, control)
             self.times.append(time.perf_counter() - self.began)
+            self.cpu.append(time.process_time() - self.cpu_began)  # every thread of this process
+            step = a[1].global_step
+            if args.save_every and step % args.save_every == 0:
+                # the model as it is after this step, for time_to_accuracy.py (outside the step's clocks)
+                folder = Path(args.output) / f"step-{step}"
+                k["model"].save_pretrained(folder)
+                k["processing_class"].save_pretrained(folder)
 
         def on_log(self, *a: Any, logs: dict[str, float] | None = None, **k: Any) -> None:
             if logs and "num_tokens" in logs:  # cumulative prompt + completion tokens, padding excluded
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         steps_per_generation=1,
         num_generations=args.group,
         max_completion_length=args.max_tokens,
-        temperature=1.0,
+        temperature=args.temperature,
         learning_rate=args.lr,
         lr_scheduler_type="constant",  # agl keeps the learning rate constant; TRL's default decays it to 0
         max_steps=args.steps,
@@ -141,6 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         steps.append(
             {
                 "step_s": seconds,
+                "train_s": seconds,
+                "cpu_s": timer.cpu[i],
                 "wall_s": walls[i],  # TRL's logging between steps too
                 "tokens": total - previous,
                 "reward": sum(rewards) / len(rewards),
@@ -179,7 +189,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--bf16", action="store_true", help="bf16=True: mixed precision (autocast) on CPU")
-    parser.add_argument("--output", default="/tmp/agl-bench-trl", help="TRL's output_dir (nothing is saved)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument(
+        "--save-every", type=int, default=0, help="save the model every N steps as OUTPUT/step-N (0: never)"
+    )
+    parser.add_argument(
+        "--output",
+        default="/tmp/agl-bench-trl",
+        help="TRL's output_dir (only --save-every's models go there)",
+    )
     parser.add_argument("--result", type=Path, default=None, help="write the JSON here instead of stdout")
     args = parser.parse_args()
     got = json.dumps(run(args))

@@ -213,8 +213,8 @@ def run_fit(
     from agl.algorithm.grpo import GRPO, GRPOConfig
 
     per_step = args.prompts * args.group
-    TOOLS = [tool_task.tool_schema()]
     seen: list[Seen] = []  # every rollout, in finishing order
+    sampling = {} if args.temperature is None else {"temperature": args.temperature}
 
     def client_for(llm: agl.LLM) -> openai.AsyncOpenAI:
         """The rollout's client: over the runner's shared connections, or (``fresh``) a new one per rollout."""
@@ -227,7 +227,7 @@ def run_fit(
         began = time.perf_counter()
         async with client_for(llm) as client:
             reply = await client.chat.completions.create(
-                model=llm.model, messages=task["prompt"], max_tokens=args.max_tokens
+                model=llm.model, messages=task["prompt"], max_tokens=args.max_tokens, **sampling
             )
         tokens = reply.usage.total_tokens if reply.usage else 0
         reward = reward_text(reply.choices[0].message.content or "", task["answer"])
@@ -238,31 +238,10 @@ def run_fit(
     async def tool_agent(task: dict[str, Any], llm: agl.LLM, rollout: Rollout) -> float:
         """Up to ``--turns`` model calls: run the tool calls of each reply, stop at a reply without any."""
         began = time.perf_counter()
-        messages: list[dict[str, Any]] = list(task["prompt"])
-        answer, tokens = "", 0
         async with client_for(llm) as client:
-            for _ in range(args.turns):
-                reply = await client.chat.completions.create(
-                    model=llm.model, messages=messages, tools=TOOLS, max_tokens=args.max_tokens
-                )
-                # the first prompt and every generated token (tool results left out, as TRL counts them)
-                if reply.usage:
-                    tokens += reply.usage.completion_tokens + (reply.usage.prompt_tokens if not tokens else 0)
-                message = reply.choices[0].message
-                answer = message.content or ""
-                if not message.tool_calls:
-                    break
-                messages.append(message.model_dump(exclude_none=True))
-                for call in message.tool_calls:
-                    result = tool_task.call_tool(call.function.name, call.function.arguments)
-                    messages.append(
-                        {
-                            "role": "tool",
-                            "tool_call_id": call.id,
-                            "name": call.function.name,
-                            "content": result,
-                        }
-                    )
+            answer, tokens = await tool_task.converse(
+                client, llm.model, task, turns=args.turns, max_tokens=args.max_tokens, **sampling
+            )
         reward = reward_text(answer, task["answer"])
         seen.append(Seen.of(rollout, began, task["id"], tokens, reward))
         return reward
@@ -280,9 +259,11 @@ def run_fit(
         seed=args.seed,
         async_rollouts=overlap,
         max_staleness=1,
+        checkpoint_every=args.checkpoint_every,  # time_to_accuracy.py evaluates them after the run
     )
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="agl-bench-fit-") as out:
+    with tempfile.TemporaryDirectory(prefix="agl-bench-fit-") as temporary:
+        out = args.output_dir or temporary
         # one runner slot per rollout of a step: a step's rollouts are generated together, as on the other sides
         trainer = agl.Trainer(algorithm=GRPO(config), n_runners=per_step, output_dir=out)
         result = trainer.fit(tool_agent if args.task == "tools" else agent, pool)
@@ -306,6 +287,9 @@ def run_fit(
                 "wall_s": wall,
                 "gen_s": row["rollout_time_s"],
                 "update_s": row.get("update_time_s", 0.0),
+                # the step without its checkpoint's saving (time_to_accuracy.py's clocks)
+                "train_s": row["step_time_s"] - row.get("checkpoint_time_s", 0.0),
+                "cpu_s": row["cpu_time_s"] - row.get("checkpoint_cpu_s", 0.0),
                 "tokens": float(sum(c.tokens for c in trained)),  # the trained samples' alone
                 "generated_tokens": float(sum(c.tokens for c in chunk)),
                 "reward": row["reward_mean"],
@@ -367,7 +351,8 @@ async def run_inproc(
     )
     engine = Engine(path, precision=config.precision)  # as fit serves it
     setup_s = time.perf_counter() - started
-    steps, starts = [], []
+    steps: list[dict[str, Any]] = []
+    starts: list[float] = []
     for step, batch_tasks in enumerate(plan):
         began = time.perf_counter()
         starts.append(began)
@@ -428,6 +413,7 @@ def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Pat
     shared = ["--steps", str(args.steps), "--prompts", str(args.prompts), "--group", str(args.group)]
     shared += ["--lr", str(args.lr), "--threads", str(args.threads), "--seed", str(args.seed)]
     shared += ["--result", str(result)]
+    shared += [] if args.temperature is None else ["--temperature", str(args.temperature)]
     if side == "trl":
         own = [
             "--model-path",
@@ -687,6 +673,15 @@ def main() -> None:
         "--side", choices=["fit_async", "fit", "inproc"], help=argparse.SUPPRESS
     )  # a side's own process
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="agl sides' sampling temperature (default: the engine's)",
+    )
+    # a fit side's checkpoints, for time_to_accuracy.py: every N steps under OUTPUT_DIR/checkpoints/
+    parser.add_argument("--checkpoint-every", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--output-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)  # the model a side loads
     _results.add_arguments(parser)
     args = parser.parse_args()
@@ -728,7 +723,7 @@ def main() -> None:
         args.result.write_text(json.dumps(got))
         return
     recorder = _results.Recorder("grpo_vs_trl", args)
-    ok, runs = True, {}
+    ok, runs = True, dict[str, list[dict[str, Any]]]()
     if not args.skip_single_turn:
         ok, runs = run_single_turn(args, path)
     if not args.skip_multi_turn:

@@ -59,6 +59,9 @@ def _fit(out: Path, steps: int, resume: bool = False) -> dict[str, Any]:
 def test_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
     first = _fit(tmp_path, steps=2)
     assert len(first["history"]) == 2
+    for row in first["history"]:  # the saving is timed apart, so a benchmark can leave it out of the step's
+        assert 0 < row["checkpoint_time_s"] < row["step_time_s"], row
+        assert 0 < row["checkpoint_cpu_s"] < row["cpu_time_s"], row
     state = json.loads((tmp_path / "checkpoints" / "step-2" / "trainer_state.json").read_text())
     assert state["step"] == 2
     resumed = _fit(tmp_path, steps=3, resume=True)

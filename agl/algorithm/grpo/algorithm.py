@@ -350,7 +350,7 @@ class GRPO(Algorithm):
         failed = False
         try:
             for step in range(first_step, cfg.steps + 1):
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 fetched = await pipeline.take(step, resources_id, versions.current)
                 drawn = await step_rollouts.settle(
                     fetched.rollouts, fetched.spans, step=step, enqueued_version=fetched.enqueued_version
@@ -389,9 +389,16 @@ class GRPO(Algorithm):
                         best.offer, self.policy, val_after, step=step, model_version=self.version
                     )
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                    saving, cpu_saving = time.perf_counter(), time.process_time()
                     await self._checkpoint(step_rollouts.out / "checkpoints" / f"step-{step}", step)
+                    row["checkpoint_time_s"] = time.perf_counter() - saving
+                    row["checkpoint_cpu_s"] = time.process_time() - cpu_saving
                 row.update(
-                    step_time_s=time.perf_counter() - started, rollout_time_s=rollout_s, **step_peaks()
+                    step_time_s=time.perf_counter() - started,
+                    # every thread of this process: rollouts, the in-process engine, the update
+                    cpu_time_s=time.process_time() - cpu_started,
+                    rollout_time_s=rollout_s,
+                    **step_peaks(),
                 )
                 metrics.log(step, {**row, **drawn.failures.console()})
                 self.learning.after_step(step, row, first=step == first_step)
