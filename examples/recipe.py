@@ -310,6 +310,11 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "split_seed": args.split_seed,
         "precision": args.precision,
+        # held-out replies cut off at the agent's max_tokens (a reply that loops never ends), per phase
+        "held_out_cut_off_rate": {
+            phase: behaviour.get("val_behaviour_cut_off_rate")
+            for phase, behaviour in result["phase_behaviour"].items()
+        },
     }
     if recipe.report is not None:
         summary.update(recipe.report(args.out / "store.db", len(recipe.test)))

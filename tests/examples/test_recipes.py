@@ -75,6 +75,9 @@ def _smoke(module: str, out: Path, *options: str) -> dict[str, Any]:
         assert 0.0 <= summary[key] <= 1.0
     assert summary["gain_from_grpo"] == summary["test_after_grpo"] - summary["test_after_warm_start"]
     assert (out / "curve.png").stat().st_size > 1000
+    cut_off = summary["held_out_cut_off_rate"]  # per phase, from the held-out rollouts' recorded calls
+    assert set(cut_off) == {"base", "after_warm_start", "after_grpo"}
+    assert all(0.0 <= v <= 1.0 for v in cut_off.values()), cut_off
     return summary
 
 
@@ -83,6 +86,8 @@ def test_sql_recipe_smoke_run(tmp_path: Path) -> None:
     summary = _smoke("examples.sql_agent.train", tmp_path)
     assert summary["framework"] == "LangGraph" and (tmp_path / "shop.db").exists()
     assert set(summary["recursion_limit_share"]) >= {"train", "base", "after_warm_start", "after_grpo"}
+    # the tiny model's random replies seldom end before the agent's max_tokens
+    assert summary["held_out_cut_off_rate"]["base"] > 0.5, summary["held_out_cut_off_rate"]
 
 
 @pytest.mark.slow

@@ -63,6 +63,9 @@ class GRPO(Algorithm):
         self._scoring_teacher: Any = None  # a policy.distill.EndpointTeacher
         self.baseline_failures = Failures(0, 0)
         self.val_failures_after = Failures(0, 0)  # the latest validation's
+        # the latest validation's behaviour (calls, tool calls, replies cut off at max_tokens), and by phase
+        self.val_behaviour: dict[str, float] = {}
+        self.phase_behaviour: dict[str, dict[str, float]] = {}
 
     def model_spec(self) -> ModelSpec:
         """The base model fit serves, with the LoRA rank, precision and device the policy trains with;
@@ -157,6 +160,7 @@ class GRPO(Algorithm):
             if self.initial_val is not None
             else (await self._baseline(ctx, val, resources_id))[0]
         )
+        self.phase_behaviour["base"] = self.val_behaviour
         if isinstance(warm, Teacher):
             self.warm_start_history, self.teacher_counts = await teach(
                 ctx, warm, self.policy, train, val, phases, timeout_s=self.config.rollout_timeout_s
@@ -165,6 +169,7 @@ class GRPO(Algorithm):
             self.warm_start_history = await run_compute(train_warm_start, self.policy, warm)
         resources_id = await self._publish(ctx, self.policy)
         phases["after_warm_start"] = await self.evaluate(ctx, val, resources_id)
+        self.phase_behaviour["after_warm_start"] = self.val_behaviour
         log.info(
             "held-out reward: %sbase %.3f, after warm start %.3f",
             f"teacher {phases['teacher']:.3f}, " if "teacher" in phases else "",
@@ -192,6 +197,9 @@ class GRPO(Algorithm):
         )
         # with a judge, a rollout without a reward is judged alone; one the judge fails on is left out
         result = await judge_evaluation(ctx.store, self.config.judge, result)
+        self.val_behaviour = {
+            f"val_{k}": v for k, v in step_behaviour({r.rollout_id: s for r, s in result.results}).items()
+        }
         write_dropped(Path(ctx.output_dir), failure_rows(result.failures, step, TaskIndex(val)))
         if result.failures.failed:
             log.info("validation at step %d: %s", step, result.summary())
@@ -252,6 +260,7 @@ class GRPO(Algorithm):
             else (await self._baseline(ctx, val, resources_id))[0]
         )
         phases.setdefault("base", val_before)
+        self.phase_behaviour.setdefault("base", self.val_behaviour)
         best = BestExport(
             out / BEST_DIR,
             enabled=cfg.export_model and bool(val) and cfg.eval_every > 0,
@@ -260,7 +269,15 @@ class GRPO(Algorithm):
         await run_compute(best.offer, self.policy, val_before, step=first_step - 1)
         if checkpoint is None:
             failed = self.baseline_failures
-            metrics.log(0, {"val_reward": val_before, **failed.metrics("val_"), **failed.console()})
+            metrics.log(
+                0,
+                {
+                    "val_reward": val_before,
+                    **self.val_behaviour,
+                    **failed.metrics("val_"),
+                    **failed.console(),
+                },
+            )
             self.learning.at_start(val_before, phases, failed)
         val_after = await self._train_steps(  # the step loop, sync or async, on one rank or several
             ctx,
@@ -290,6 +307,8 @@ class GRPO(Algorithm):
             "steps": cfg.steps,
             "history": self.history,
             "phases": {**phases, "after_grpo": val_after},
+            # held-out behaviour at each phase: calls per rollout, tool-call share, replies cut off at max_tokens
+            "phase_behaviour": {**self.phase_behaviour, "after_grpo": self.val_behaviour},
             "warm_start": self.warm_start_history,
             **({"teacher": self.teacher_counts} if self.teacher_counts else {}),
             **exported,  # model_path, best_model_path, adapter_path
@@ -383,7 +402,7 @@ class GRPO(Algorithm):
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                     result = await self._validation(ctx, val, resources_id, step)
                     val_after = result.score
-                    row.update(val_reward=val_after, **result.failures.metrics("val_"))
+                    row.update(val_reward=val_after, **self.val_behaviour, **result.failures.metrics("val_"))
                     self.val_failures_after = result.failures
                     await run_compute(
                         best.offer, self.policy, val_after, step=step, model_version=self.version
