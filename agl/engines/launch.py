@@ -90,6 +90,7 @@ class BuiltinReplica(Protocol):
     @property
     def base_url(self) -> str: ...
     def update_weights(self, source: dict[str, Any]) -> str: ...
+    def drop_prefix_cache(self) -> None: ...
     def stop(self) -> None: ...
 
 
@@ -189,6 +190,10 @@ class ServedEngines:
         model version."""
         raise NotImplementedError
 
+    async def drop_caches(self) -> None:
+        """Free what the replicas cache under the current weights (a synchronous trainer's update is about
+        to replace them); engines that keep nothing in the trainer's memory do nothing."""
+
     def stop(self) -> None:
         for replica in self.replicas:
             try:
@@ -220,6 +225,9 @@ class _BuiltinEngines(ServedEngines):
             versions.append(await asyncio.to_thread(replica.update_weights, state))
             del state
         return str(versions[0])
+
+    async def drop_caches(self) -> None:
+        await asyncio.gather(*(asyncio.to_thread(r.drop_prefix_cache) for r in self.replicas))
 
 
 class _VllmEngines(ServedEngines):

@@ -353,6 +353,9 @@ class _BuiltinActor:
     def update_weights(self, state: dict[str, Any]) -> str:
         return self.server.update_weights(state)
 
+    def drop_prefix_cache(self) -> None:
+        self.server.drop_prefix_cache()
+
     def stop(self) -> None:
         self.server.stop()
 
@@ -408,6 +411,9 @@ class _Remote:
 class RemoteBuiltin(_Remote):
     def update_weights(self, source: dict[str, Any]) -> str:
         return str(self.ray.get(self.actor.update_weights.remote(source)))
+
+    def drop_prefix_cache(self) -> None:
+        self.ray.get(self.actor.drop_prefix_cache.remote())
 
 
 class RemoteVllm(_Remote):

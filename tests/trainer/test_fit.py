@@ -109,3 +109,45 @@ def test_ctrl_c_stops_fit_promptly(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert "interrupted cleanly" in out
+
+
+class _CacheProbe(GRPO):
+    """GRPO that records the engine's cached prefixes before the pre-update drop and during the update."""
+
+    def __init__(self, config: GRPOConfig) -> None:
+        super().__init__(config)
+        self.before_drop: list[int] = []
+        self.at_update: list[int] = []
+
+    async def run(self, ctx: Any, train: Any, val: Any) -> dict[str, Any]:
+        engine = ctx.engines.replicas[0].engine
+        drop = ctx.engines.drop_caches
+
+        async def recorded_drop() -> None:
+            self.before_drop.append(len(engine.prefix_cache))
+            await drop()
+
+        ctx.engines.drop_caches = recorded_drop
+        self._engine = engine
+        result: dict[str, Any] = await super().run(ctx, train, val)
+        return result
+
+    def _update(self, batch: Any) -> dict[str, float]:
+        self.at_update.append(len(self._engine.prefix_cache))
+        return super()._update(batch)
+
+
+@pytest.mark.timeout(240)
+def test_a_synchronous_update_runs_with_the_engines_prefix_cache_emptied(tmp_path: Path) -> None:
+    """The cached prefixes of a step's rollouts go stale with the update: freed before it, their memory
+    serves the update's peak instead of sitting beside it."""
+    config = GRPOConfig(
+        model_path=str(tiny_model()), steps=2, tasks_per_step=2, group_size=3, lr=1e-3, eval_every=0
+    )
+    probe = _CacheProbe(config)
+    tasks = [f"Write the digits of the number {n} twice, then once more backwards." for n in (17, 42, 93)]
+    agl.Trainer(algorithm=probe, n_runners=6, output_dir=str(tmp_path)).fit(digits_agent, tasks, [])
+    assert probe.at_update and all(n == 0 for n in probe.at_update), probe.at_update
+    assert len(probe.before_drop) == len(probe.at_update) and all(n > 0 for n in probe.before_drop), (
+        probe.before_drop
+    )

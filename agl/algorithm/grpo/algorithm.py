@@ -396,6 +396,10 @@ class GRPO(Algorithm):
                 row.update(step_behaviour({r.rollout_id: drawn.spans[r.rollout_id] for r in drawn.rollouts}))
                 row["trainer_idle_s"] = fetched.wait_s
                 if batch.samples:
+                    if not pipeline.depth and ctx.engines is not None:
+                        # nothing is generating, and the update makes the engine's cached prefixes stale:
+                        # freed now, their memory serves the update's own peak
+                        await ctx.engines.drop_caches()
                     row.update(await run_compute(self._update, batch))
                     resources_id = await self._publish(ctx, self.policy)
                     versions.advance(self.version)

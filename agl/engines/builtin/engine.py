@@ -498,6 +498,12 @@ class Engine:
                 self._ensure_running()
         return self.model_version
 
+    async def drop_prefix_cache(self) -> None:
+        """Empty the prefix cache now: a synchronous trainer calls it before its update, whose new weights
+        make every entry stale anyway, so the update's peak can reuse the entries' memory."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
     def _load(self, source: dict[str, torch.Tensor] | str | Path, lora: bool | None) -> None:
         if self.prefix_cache is not None:  # keys and values of the old weights
             self.prefix_cache.clear()

@@ -350,6 +350,12 @@ class EngineServer:
         )
         return future.result()
 
+    def drop_prefix_cache(self) -> None:
+        """Blocking :meth:`Engine.drop_prefix_cache` from any thread."""
+        loop = getattr(self.app.state, "loop", None)
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self.engine.drop_prefix_cache(), loop).result()
+
     def __enter__(self) -> EngineServer:
         return self.start()
 
