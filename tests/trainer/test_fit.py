@@ -67,8 +67,10 @@ def test_fit_checkpoints_and_resumes(tmp_path: Path) -> None:
     resumed = _fit(tmp_path, steps=3, resume=True)
     assert len(resumed["history"]) == 1  # only step 3 ran
     with (tmp_path / "metrics.csv").open() as f:
-        steps = [int(float(row["step"])) for row in csv.DictReader(f)]
-    assert steps == [0, 1, 2, 3]
+        rows = list(csv.DictReader(f))
+    assert [int(float(row["step"])) for row in rows] == [0, 1, 2, 3]
+    # step 0: the held-out rollouts' behaviour (one model call each) and the memory peak before step 1
+    assert float(rows[0]["val_behaviour_calls_per_rollout"]) == 1.0 and float(rows[0]["peak_rss_gb"]) > 0.1
     assert (tmp_path / "checkpoints" / "step-3" / "optimizer.pt").exists()
 
 

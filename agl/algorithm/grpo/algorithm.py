@@ -271,10 +271,11 @@ class GRPO(Algorithm):
             failed = self.baseline_failures
             metrics.log(
                 0,
-                {
+                {  # with the peaks of all before the first step: validations, the warm start
                     "val_reward": val_before,
                     **self.val_behaviour,
                     **failed.metrics("val_"),
+                    **step_peaks(),
                     **failed.console(),
                 },
             )
