@@ -10,12 +10,19 @@ steps), and trained tokens/s of the steps after the first. Time figures are nois
 memory for reuse, so its RSS stays at the high-water mark), and ``--onednn-caches torch`` runs with torch's
 own 1,024-entry bf16 kernel caches instead of the bound agl sets (``agl.compute.precision``).
 
+``--agent langgraph`` is the row of a framework agent in ``fit``: the SQL recipe (a LangGraph ReAct agent with a
+``run_sql`` tool, its warm start, GRPO) for ``--steps`` steps with ``--runners`` rollouts at once, under
+``/usr/bin/time -v``: the whole process's peak RSS (engine, store, gateway, runners and LangChain included),
+each step's peak from ``metrics.csv`` (step 0: the validations and the warm start) and the climb from the first
+GRPO step's peak to the last's.
+
     python benchmarks/memory_table.py --model tiny
     python benchmarks/memory_table.py --model smollm2 --lengths 1000 --micro-batches 1024,2048,4096
     python benchmarks/memory_table.py --model smollm2 --cell old --steps 4     # the defaults before (4,096, no checkpointing)
     python benchmarks/memory_table.py --model smollm2 --cell auto --steps 4    # the memory-safe defaults
     python benchmarks/memory_table.py --model smollm2 --cell auto --lengths 300 --steps 16 --in-use \
         --onednn-caches torch                                                   # bf16 kernel caches unbound
+    python benchmarks/memory_table.py --model smollm2 --agent langgraph --runners 16 --steps 4
 """
 
 from __future__ import annotations
@@ -133,6 +140,35 @@ def run_cell(args: argparse.Namespace, micro_batch: str, checkpointing: bool, tr
     }
 
 
+def run_agent(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The SQL recipe's LangGraph agent through ``fit`` under ``/usr/bin/time -v``: peaks and climb."""
+    import csv
+
+    log = out / "time.log"
+    command = ["/usr/bin/time", "-v", sys.executable, "-m", "examples.sql_agent.train", "--model", args.model]
+    command += ["--steps", str(args.steps), "--test", str(args.test), "--runners", str(args.runners)]
+    command += ["--out", str(out / "run")]
+    started = time.perf_counter()
+    with log.open("w") as fh:  # a failed run is reported by timed_run, naming the log
+        subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, check=False, cwd=_results.ROOT)
+    wall = time.perf_counter() - started
+    timed = _results.timed_run(log)
+    rows = list(csv.DictReader((out / "run" / "metrics.csv").open()))
+    peaks = [round(float(r["peak_rss_gb"]), 2) for r in rows if r.get("peak_rss_gb")]
+    steps = [round(float(r["peak_rss_gb"]), 2) for r in rows if r.get("peak_rss_gb") and r["step"] != "0"]
+    return {
+        "model": args.model,
+        "agent": "langgraph (examples/sql_agent)",
+        "runners": args.runners,
+        "steps": args.steps,
+        "peak_rss_gb": round(timed["peak_rss_gb"], 2),  # the whole process, /usr/bin/time -v
+        "step_peaks_gb": peaks,  # metrics.csv: step 0 (validations, warm start), then each GRPO step
+        "climb_gb": round(steps[-1] - steps[0], 2) if len(steps) > 1 else 0.0,
+        "cpu_s": round(timed["cpu_s"], 1),
+        "wall_s": round(wall, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -157,6 +193,17 @@ def main() -> None:
         default="agl",
         help="bf16 kernel caches: agl's bound (256 / 32 entries) or torch's 1,024",
     )
+    parser.add_argument(
+        "--agent", choices=["langgraph"], default=None, help="a framework agent's row through fit (see above)"
+    )
+    parser.add_argument("--runners", type=int, default=16, help="--agent: rollouts at once")
+    parser.add_argument("--test", type=int, default=16, help="--agent: held-out tasks per validation")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="--agent: the run's folder (default: results/memory_table-MODEL-AGENT)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: "mb:ckpt:trim:length"
     _results.add_arguments(parser)
@@ -165,6 +212,21 @@ def main() -> None:
         mb, ckpt, trim, length = args.one.split(":")
         args.length = int(length)
         print(json.dumps(run_cell(args, mb, ckpt == "on", trim == "on")))
+        return
+    if args.agent is not None:
+        recorder = _results.Recorder("memory_table", args)
+        work = args.out or Path("results") / f"memory_table-{args.model}-{args.agent}"
+        work.mkdir(parents=True, exist_ok=True)
+        row = run_agent(args, work)
+        print(json.dumps(row), flush=True)
+        recorder.save(
+            metric="peak_rss_gb",
+            unit="GB peak RSS of the whole process",
+            values=[row["peak_rss_gb"]],
+            runs=[row],
+            variant=f"{args.model}-{args.agent}-{args.runners}-runners",
+            better="lower",
+        )
         return
     if args.cell == "old":
         cells = [("4096", "off", "off", length) for length in args.lengths.split(",")]

@@ -49,6 +49,9 @@ def recipe_args(
     )
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per task in a GRPO group")
     parser.add_argument(
+        "--runners", type=int, default=32, help="rollouts run at once (runner slots; default: 32)"
+    )
+    parser.add_argument(
         "--lr", type=float, default=None, help="GRPO learning rate (default: 2e-5; tiny: 1e-4)"
     )
     parser.add_argument(
@@ -269,7 +272,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     trainer = agl.Trainer(
         algorithm=GRPO(config),
-        n_runners=32,
+        n_runners=args.runners,
         output_dir=str(args.out),
         serving=agl.Serving(sampling={"temperature": args.temperature}),
     )

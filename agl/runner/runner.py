@@ -23,6 +23,7 @@ from agl.agent.clients import shared_pool_scope
 from agl.emit import emit_exception, emit_reward
 from agl.errors import AglError, StaleAttemptError, StoreUnavailableError
 from agl.failures import METADATA_KEY, FailureClass, classify_exception
+from agl.runner.client_caches import release_client_caches
 from agl.schemas import (
     LLM,
     AttemptedRollout,
@@ -371,6 +372,7 @@ class Runner:
         ctx = RolloutContext(rollout=rollout, attempt=attempt, resources=version, agent_name=agent_name)
         await _call_hook(self.hooks.on_rollout_start, ctx)
         outcome = await self._execute(ctx, resources)
+        release_client_caches()  # a framework's client for this rollout's URL is never used again
         self.stats.outcomes.append(outcome)
         self.stats.finished += 1
         await _call_hook(self.hooks.on_rollout_end, ctx, outcome)

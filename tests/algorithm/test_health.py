@@ -299,10 +299,8 @@ def test_fit_keeps_going_with_the_option_and_says_what_fails(
     assert [row["samples"] for row in result["history"]] == [0.0, 0.0]
     err = capsys.readouterr().err
     # no rollout yielded a reward, so there is no score (not 0): the failures are counted apart
-    assert (
-        "step 0: val_reward=nan  val_failed=1/1 (agent 1)  first error: OpenAIError: Missing credentials"
-        in err
-    )
+    assert "step 0: val_reward=nan  peak_rss_gb=" in err  # the memory peak before the first step
+    assert "val_failed=1/1 (agent 1)  first error: OpenAIError: Missing credentials" in err
     for step in (1, 2):
         line = next(x for x in err.splitlines() if f"step {step}: " in x)
         assert (
