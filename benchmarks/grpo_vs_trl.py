@@ -438,14 +438,17 @@ def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Pat
     return [sys.executable, str(Path(__file__).resolve()), *shared, *own]
 
 
-def run_side(side: str, args: argparse.Namespace, path: Path, work: Path, round_: int) -> dict[str, Any]:
-    """One side for ``--steps`` steps in a fresh process; its output goes to a log file, its steps come back."""
+def run_side(
+    side: str, args: argparse.Namespace, path: Path, work: Path, round_: int, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """One side for ``--steps`` steps in a fresh process (``extra``: more of its options); its output goes to a
+    log file, its steps come back."""
     plan_file, result = work / "plan.json", work / f"{side}-r{round_}.json"
     log = work / f"{side}-r{round_}.log"
     started = time.perf_counter()
     with log.open("w") as fh:
         proc = subprocess.run(
-            side_command(side, args, path, plan_file, result),
+            [*side_command(side, args, path, plan_file, result), *extra],
             stdout=fh,
             stderr=subprocess.STDOUT,
             cwd=ROOT,

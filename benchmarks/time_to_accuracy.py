@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,42 +45,30 @@ HELD_OUT_SEED = 10_000  # the held-out tasks' seed: fixed, whatever the training
 WARM_START_SEED = 1000  # the shared starting model's, likewise (apart from the training seeds' tasks)
 
 
-def side_command(side: str, args: argparse.Namespace, model: Path, seed: int, out: Path) -> list[str]:
-    """``grpo_vs_trl.py``'s command for one side, with the checkpoints and clocks this benchmark reads."""
+def side_args(args: argparse.Namespace, seed: int) -> argparse.Namespace:
+    """``grpo_vs_trl.py``'s settings for one side's run of the tool task."""
     bench = argparse.Namespace(**vars(args))
     bench.seed, bench.task, bench.pool_size = seed, "tools", args.steps * args.prompts
-    bench.threads, bench.agent_client, bench.micro_batch_tokens = args.threads, "shared", "auto"
-    bench.trl_gradient_checkpointing = False
-    command = grpo_vs_trl.side_command(side, bench, model, out / "plan.json", out / f"{side}.json")
-    if side == "trl":
-        return [*command, "--save-every", str(args.eval_every), "--output", str(out / "trl")]
-    return [*command, "--checkpoint-every", str(args.eval_every), "--output-dir", str(out / "fit")]
+    bench.agent_client, bench.micro_batch_tokens, bench.trl_gradient_checkpointing = "shared", "auto", False
+    return bench
 
 
 def run_side(side: str, args: argparse.Namespace, model: Path, seed: int, out: Path) -> dict[str, Any]:
-    """One side's training run: its steps (clocks, reward) and its saved models by step."""
-    log = out / f"{side}.log"
-    print(f"seed {seed}: {side} training {args.steps} steps (log: {log})", flush=True)
-    with log.open("w") as fh:
-        proc = subprocess.run(
-            side_command(side, args, model, seed, out),
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-            timeout=args.side_timeout,
-            check=False,
-        )
-    result = out / f"{side}.json"
-    if proc.returncode != 0 or not result.exists():
-        tail = log.read_text(errors="replace")[-3000:]
-        raise SystemExit(f"seed {seed}: {side} exited with {proc.returncode}; the end of {log}:\n{tail}")
-    steps = json.loads(result.read_text())["steps"]
+    """One side's training run (``grpo_vs_trl.run_side``, saving every ``--eval-every`` steps): its steps
+    (clocks, reward) and its saved models by step."""
+    print(f"seed {seed}: {side} training {args.steps} steps (log: {out / side}-r0.log)", flush=True)
+    if side == "trl":
+        extra = ("--save-every", str(args.eval_every), "--output", str(out / "trl"))
+    else:
+        extra = ("--checkpoint-every", str(args.eval_every), "--output-dir", str(out / "fit"))
+    got = grpo_vs_trl.run_side(side, side_args(args, seed), model, out, 0, extra)
+    if "error" in got:
+        raise SystemExit(f"seed {seed}: {got['error']}")
     if side == "trl":
         saved = {int(p.name.split("-")[1]): p for p in (out / "trl").glob("step-*")}
     else:
         saved = {int(p.name.split("-")[1]): p for p in (out / "fit").rglob("checkpoints/step-*")}
-    return {"steps": steps, "saved": dict(sorted(saved.items()))}
+    return {"steps": got["steps"], "saved": dict(sorted(saved.items()))}
 
 
 def evaluate(
