@@ -401,12 +401,7 @@ class GRPO(Algorithm):
                 row = {**batch.metrics, **drawn.metrics}
                 row.update(step_behaviour({r.rollout_id: drawn.spans[r.rollout_id] for r in drawn.rollouts}))
                 row["trainer_idle_s"] = fetched.wait_s
-                # the step's finished rollouts leave garbage in reference cycles (framework clients, graph
-                # state) that Python's full collection, scaled to this large a heap, reaches only rarely: RSS
-                # climbed step after step. One collection a step, before the update's peak, frees it.
-                collecting = time.perf_counter()
-                gc.collect()
-                row["gc_time_s"] = time.perf_counter() - collecting
+                row["gc_time_s"] = collect_step_garbage()  # before the update's peak
                 if batch.samples:
                     if not pipeline.depth and ctx.engines is not None:
                         # nothing is generating, and the update makes the engine's cached prefixes stale:
@@ -448,6 +443,15 @@ class GRPO(Algorithm):
                 await run_compute(self.policy.close, not failed)
                 self.policy = self.policy.policy
         return float(val_after)
+
+
+def collect_step_garbage() -> float:
+    """One full garbage collection; returns its seconds. A step's finished rollouts leave garbage in reference
+    cycles (framework clients, graph state) that Python's full collection, scaled to a heap holding a model,
+    reaches only rarely: RSS climbed step after step until each step collected it."""
+    started = time.perf_counter()
+    gc.collect()
+    return time.perf_counter() - started
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
