@@ -144,10 +144,12 @@ def run_agent(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The SQL recipe's LangGraph agent through ``fit`` under ``/usr/bin/time -v``: peaks and climb."""
     import csv
 
+    from agl.compute.precision import resolve_precision
+
     log = out / "time.log"
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "examples.sql_agent.train", "--model", args.model]
     command += ["--steps", str(args.steps), "--test", str(args.test), "--runners", str(args.runners)]
-    command += ["--out", str(out / "run")]
+    command += ["--precision", args.precision, "--out", str(out / "run")]
     started = time.perf_counter()
     with log.open("w") as fh:  # a failed run is reported by timed_run, naming the log
         subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, check=False, cwd=_results.ROOT)
@@ -161,6 +163,7 @@ def run_agent(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "agent": "langgraph (examples/sql_agent)",
         "runners": args.runners,
         "steps": args.steps,
+        "precision": resolve_precision(args.precision, "cpu"),  # as the run resolves it (same environment)
         "peak_rss_gb": round(timed["peak_rss_gb"], 2),  # the whole process, /usr/bin/time -v
         "step_peaks_gb": peaks,  # metrics.csv: step 0 (validations, warm start), then each GRPO step
         "climb_gb": round(steps[-1] - steps[0], 2) if len(steps) > 1 else 0.0,
@@ -199,6 +202,9 @@ def main() -> None:
     parser.add_argument("--runners", type=int, default=16, help="--agent: rollouts at once")
     parser.add_argument("--test", type=int, default=16, help="--agent: held-out tasks per validation")
     parser.add_argument(
+        "--precision", choices=["auto", "fp32", "bf16"], default="auto", help="--agent: the run's precision"
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -224,7 +230,7 @@ def main() -> None:
             unit="GB peak RSS of the whole process",
             values=[row["peak_rss_gb"]],
             runs=[row],
-            variant=f"{args.model}-{args.agent}-{args.runners}-runners",
+            variant=f"{args.model}-{args.agent}-{args.runners}-runners-{row['precision']}",
             better="lower",
         )
         return

@@ -29,8 +29,9 @@ def test_a_langgraph_agent_with_32_runners_does_not_climb_across_steps(tmp_path:
         timeout=560,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    (path,) = (tmp_path / "results" / "memory_table").glob("*-tiny-langgraph-32-runners.json")
+    (path,) = (tmp_path / "results" / "memory_table").glob("*-tiny-langgraph-32-runners-fp32.json")
     (row,) = json.loads(path.read_text())["runs"]
+    assert row["precision"] == "fp32"  # the suite's "auto" (tests/conftest.py), as the run resolved it
     assert len(row["step_peaks_gb"]) == 9  # step 0 (validations), then the 8 GRPO steps
     assert 0.3 < row["peak_rss_gb"] < 2.0 and row["peak_rss_gb"] >= max(row["step_peaks_gb"]) - 0.01, row
     # 8 steps of 8 rollouts; the climb was 0.11-0.13 GB before, 0.02-0.03 GB after
