@@ -107,9 +107,13 @@ def main() -> None:
             runs += [(p, train_warm_start(args.out, p, seed, args.model)) for p in PRECISIONS]
     records = [run_record(folder, trained, args.model) for trained, folder in runs]
     keys = ("reported_by_fit", "served_fp32", "served_bf16", "fp32_minus_bf16")
-    summary = {
-        f"trained_{p}": {k: _results.spread([r for r in records if r["trained"] == p], k) for k in keys}
+    summary = {  # per (training precision, phase): a warm start alone and a whole run apart
+        f"trained_{p}_{phase}": {
+            k: _results.spread([r for r in records if (r["trained"], r["phase"]) == (p, phase)], k)
+            for k in keys
+        }
         for p in PRECISIONS
+        for phase in ("after_warm_start", "after_grpo")
     }
     print(json.dumps(summary, indent=2))
     variant = args.variant or ("warm-start" if args.warm_start else "runs")

@@ -37,7 +37,12 @@ def test_a_saved_model_is_scored_in_both_serving_precisions(tmp_path: Path) -> N
     assert record["reported_by_fit"] == 0.125
     for served in ("served_fp32", "served_bf16"):  # the tiny model answers none of the 8 held-out tasks
         assert record[served] == 0.0
-    assert result["values"] == [0.0] and result["summary"]["trained_fp32"]["served_fp32"] is None
+    assert result["values"] == [0.0] and result["summary"]["trained_fp32_after_grpo"]["served_fp32"] is None
+    assert result["summary"]["trained_bf16_after_grpo"]["reported_by_fit"] == {
+        "mean": 0.125,
+        "min": 0.125,
+        "max": 0.125,
+    }
 
 
 def test_a_runs_argument_without_its_precision_is_refused(tmp_path: Path) -> None:
