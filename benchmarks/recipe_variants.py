@@ -35,9 +35,10 @@ SCORES = ("test_base", "test_teacher", "test_after_warm_start", "test_after_grpo
 
 
 def variants_of(text: str) -> dict[str, list[str]]:
-    """``plain=,refill=--refill`` as ``{"plain": [], "refill": ["--refill"]}``."""
+    """``plain=,refill=--refill`` as ``{"plain": [], "refill": ["--refill"]}``; a comma that no ``name=``
+    follows stays in the options (``team=--agents solver,checker``)."""
     out = {}
-    for part in text.split(","):
+    for part in re.split(r",(?=[a-z0-9_]+=)", text):
         name, _, options = part.partition("=")
         if not re.fullmatch(r"[a-z0-9_]+", name):
             raise SystemExit(

@@ -65,3 +65,14 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
         *common[:-4], "--seeds", "0", "--logs", str(tmp_path), "--variants", "broken=", "--no-save"
     )
     assert failed.returncode != 0 and "the run failed (exit 1): see" in failed.stderr
+
+
+def test_a_comma_inside_a_variants_options_stays_there() -> None:
+    from benchmarks.recipe_variants import variants_of
+
+    got = variants_of("team=--agents solver,checker --lr 1e-4,solo=--agents solver,plain=")
+    assert got == {
+        "team": ["--agents", "solver,checker", "--lr", "1e-4"],
+        "solo": ["--agents", "solver"],
+        "plain": [],
+    }
