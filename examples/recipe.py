@@ -144,7 +144,7 @@ def add_seed_options(parser: argparse.ArgumentParser) -> None:
         "--precision",
         choices=["auto", "fp32", "bf16"],
         default="auto",
-        help="policy and engine matmul precision (auto: fp32, or AGL_PRECISION; bf16 is faster on a CPU with native bf16 but weakens the warm start)",
+        help="policy and engine matmul precision (auto: bf16 on a CPU with native bf16, else fp32; AGL_PRECISION overrides)",
     )
 
 

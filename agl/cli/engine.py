@@ -20,7 +20,7 @@ def serve(
     dtype: str = typer.Option("float32", help="Weights dtype: float32, bfloat16 or float16."),
     precision: str = typer.Option(
         "auto",
-        help="auto (--dtype, or bf16 weights when AGL_PRECISION=bf16), fp32 (keep --dtype) or bf16. "
+        help="auto (bf16 weights on a CPU with native bf16, else --dtype), fp32 (keep --dtype) or bf16. "
         "Match the trainer's GRPOConfig.precision so sampling and training logprobs agree.",
     ),
     max_batch_size: int = typer.Option(32, help="Most sequences decoded together."),

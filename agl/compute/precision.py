@@ -1,15 +1,16 @@
 """Which precision the matmuls of training and generation run in: fp32, or bf16.
 
-``"auto"`` is fp32. ``"bf16"`` runs the policy's matmuls under ``torch.autocast`` (fp32 weights, optimizer
-state and log-softmax kept) and serves the built-in engine a bf16 copy of the weights: faster steps on a CPU
-with native bf16 (AVX512-BF16 or AMX; ``benchmarks/precision_cpu.py``), but on the calc demo its SFT warm
-start reached a far lower held-out accuracy than fp32 with the same seeds (``benchmarks/demo_precision.py``;
-likely because a warm start's small weight updates are below a bf16 weight's rounding step, which the
-engine's bf16 copy drops), so bf16 is opt-in. The engine and the
-policy resolve a precision the same way, so sampling and training logprobs agree. The environment variable
-``AGL_PRECISION`` (``fp32`` or ``bf16``) sets what ``"auto"`` means for a whole run.
+``"auto"`` is bf16 on a CPU with native bf16 (AVX512-BF16 or AMX), fp32 elsewhere (and on CUDA, not measured
+there yet). ``"bf16"`` runs the policy's matmuls under ``torch.autocast`` (fp32 weights, optimizer state and
+log-softmax kept) and serves the built-in engine a bf16 copy of the weights. On the calc demo and the SQL
+recipe, 3 seeds each, bf16 ended GRPO as high or higher than fp32 at about half to three quarters of the CPU
+and less memory (``benchmarks/demo_precision.py``, ``benchmarks/recipe_variants.py``), so it is the default
+where it is fast. What it costs: a short warm start's small weight updates fall below a bf16 weight's
+rounding step, so the warm-started model *served in bf16* scores lower than in fp32, though its fp32 weights
+hold what it learned (``benchmarks/serving_precision.py``); GRPO then trains from the bf16 model. The engine
+and the policy resolve a precision the same way, so sampling and training logprobs agree. The environment
+variable ``AGL_PRECISION`` (``fp32`` or ``bf16``) sets what ``"auto"`` means for a whole run.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -45,14 +46,15 @@ def check_precision(precision: str, field: str = "precision") -> None:
 
 
 def resolve_precision(precision: str, device: str | torch.device) -> Literal["fp32", "bf16"]:
-    """``"auto"`` -> ``AGL_PRECISION`` if set, else ``"fp32"``."""
+    """``"auto"`` -> ``AGL_PRECISION`` if set, else ``"bf16"`` on a CPU with native bf16, else ``"fp32"``."""
     check_precision(precision)
     cpu = torch.device(device).type == "cpu"
     if precision == "auto":
         chosen = os.environ.get("AGL_PRECISION", "").strip().lower()
         if chosen not in ("", "fp32", "bf16"):
             raise ConfigError(f"AGL_PRECISION must be 'fp32' or 'bf16', got {chosen!r}")
-        chosen = chosen or "fp32"
+        if not chosen:  # emulated bf16 (no native instructions) is slower than fp32
+            chosen = "bf16" if cpu and cpu_has_native_bf16() else "fp32"
     else:
         chosen = precision
     resolved: Literal["fp32", "bf16"] = "bf16" if chosen == "bf16" else "fp32"

@@ -42,8 +42,8 @@ class GRPOConfig:
     micro_batch_tokens: int | Literal["auto"] = "auto"
     activation_checkpointing: bool | Literal["auto"] = "auto"
     memory_budget_gb: float | None = None
-    # "auto": fp32 (or AGL_PRECISION); "bf16": the policy's and the built-in engine's matmuls in bf16,
-    # faster on a CPU with native bf16 but a weaker warm start (agl/compute/precision.py)
+    # "auto": the policy's and the built-in engine's matmuls in bf16 on a CPU with native bf16 (as high after
+    # GRPO, less CPU; a warm start served in bf16 scores lower), else fp32 (agl/compute/precision.py)
     precision: Precision = "auto"
     # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
     # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)

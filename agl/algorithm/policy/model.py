@@ -68,7 +68,7 @@ class PolicyConfig:
     seed: int = 0
     device: str = "cpu"  # "cuda" trains on the GPU
     memory_budget_gb: float | None = None  # None: a fraction of the RAM (or VRAM) this process could have
-    # "auto": fp32 (or AGL_PRECISION); "bf16": autocast, opt-in (agl/compute/precision.py)
+    # "auto": bf16 autocast on a CPU with native bf16, else fp32 (agl/compute/precision.py)
     precision: Precision = "auto"
     # run a prompt prefix that several samples share once per micro-batch (agl/algorithm/policy/prefix.py)
     share_prefixes: bool = True

@@ -61,7 +61,7 @@ class SFTConfig:
     micro_batch_tokens: int | Literal["auto"] = "auto"  # "auto": the largest that fits memory_budget_gb
     activation_checkpointing: bool | Literal["auto"] = "auto"  # "auto": on for CPU, where it is no slower
     memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
-    # "auto": fp32 (or AGL_PRECISION); "bf16": autocast, opt-in (agl/compute/precision.py)
+    # "auto": bf16 autocast on a CPU with native bf16, else fp32 (agl/compute/precision.py)
     precision: Precision = "auto"
     # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
     # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)
