@@ -11,6 +11,7 @@ hold what it learned (``benchmarks/serving_precision.py``); GRPO then trains fro
 and the policy resolve a precision the same way, so sampling and training logprobs agree. The environment
 variable ``AGL_PRECISION`` (``fp32`` or ``bf16``) sets what ``"auto"`` means for a whole run.
 """
+
 from __future__ import annotations
 
 import contextlib
