@@ -7,7 +7,8 @@ recipe, 3 seeds each, bf16 ended GRPO as high or higher than fp32 at about half 
 and less memory (``benchmarks/demo_precision.py``, ``benchmarks/recipe_variants.py``), so it is the default
 where it is fast. What it costs: a short warm start's small weight updates fall below a bf16 weight's
 rounding step, so the warm-started model *served in bf16* scores lower than in fp32, though its fp32 weights
-hold what it learned (``benchmarks/serving_precision.py``); GRPO then trains from the bf16 model. The engine
+hold what it learned (``benchmarks/serving_precision.py``); GRPO then trains from the bf16 model, and an SFT
+run, whose product is such a short fine-tune, defaults to fp32 (``SFTConfig.precision``). The engine
 and the policy resolve a precision the same way, so sampling and training logprobs agree. The environment
 variable ``AGL_PRECISION`` (``fp32`` or ``bf16``) sets what ``"auto"`` means for a whole run.
 """

@@ -132,6 +132,9 @@ async def test_fit_serves_the_built_in_engine_in_the_policys_precision(tiny: Pat
     spec = served_model(agl.GRPO(GRPOConfig(model_path=str(tiny), precision="bf16")))
     assert spec is not None and spec.precision == "bf16"  # what fit passes to start_engines
     assert agl.ModelSpec(str(tiny)).precision == "auto"  # a spec that names none: the engine decides
+    # SFT trains and serves fp32 unless told: bf16 serving drops its small updates (serving_precision.py)
+    sft_spec = served_model(agl.SFT(agl.SFTConfig(model_path=str(tiny))))
+    assert sft_spec is not None and sft_spec.precision == "fp32"
     served = await start_engines(BuiltinEngine(), str(tiny), precision="bf16", work_dir=tmp_path)
     chosen = await start_engines(
         BuiltinEngine({"precision": "fp32"}), str(tiny), precision="bf16", work_dir=tmp_path

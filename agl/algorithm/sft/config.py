@@ -61,8 +61,10 @@ class SFTConfig:
     micro_batch_tokens: int | Literal["auto"] = "auto"  # "auto": the largest that fits memory_budget_gb
     activation_checkpointing: bool | Literal["auto"] = "auto"  # "auto": on for CPU, where it is no slower
     memory_budget_gb: float | None = None  # None: a share of the RAM (or VRAM) this process could have
-    # "auto": bf16 autocast on a CPU with native bf16, else fp32 (agl/compute/precision.py)
-    precision: Precision = "auto"
+    # fp32: SFT's small updates fall below a bf16 weight's rounding step, so the model served in bf16 loses
+    # most of them (benchmarks/serving_precision.py); "auto" (bf16 on a CPU with native bf16) or "bf16" is
+    # faster and trains the same fp32 weights (agl/compute/precision.py)
+    precision: Precision = "fp32"
     # run a prompt prefix that several samples share (a group's prompt, a system prompt) once per
     # micro-batch: same gradient, fewer tokens computed (agl/algorithm/policy/prefix.py)
     share_prefixes: bool = True
