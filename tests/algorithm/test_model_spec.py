@@ -182,9 +182,8 @@ def test_an_algorithm_that_still_names_model_path_fails_when_defined() -> None:
 @pytest.mark.timeout(120)
 def test_fit_serves_the_model_a_custom_algorithm_declares(tmp_path: Path) -> None:
     path = str(tiny_model())
-    algorithm = Declares(
-        ModelSpec(path, precision="bf16")
-    )  # the suite pins "auto" to fp32: bf16 is the spec's
+    # the suite pins "auto" to fp32: bf16 is the spec's
+    algorithm = Declares(ModelSpec(path, precision="bf16"))
     agl.Trainer(algorithm=algorithm, n_runners=1, output_dir=str(tmp_path)).fit(echo_agent, [])
     seen = algorithm.seen
     assert seen["model_path"] == path and seen["precision"] == "bf16" and seen["llm_model"] == "policy"

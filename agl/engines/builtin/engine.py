@@ -88,8 +88,8 @@ class Engine:
     """``Engine(path)`` loads a local HF model folder; ``await engine.generate(ids, params)`` samples from it.
 
     ``precision``: ``"bf16"`` serves fp32 weights as bf16 (pushed fp32 weights are cast on load), ``"fp32"``
-    keeps ``dtype``, ``"auto"`` is bf16 on a CPU with native bf16 (else fp32, or ``AGL_PRECISION``), resolved as the trained policy resolves
-    it (:mod:`agl.compute.precision`).
+    keeps ``dtype``, ``"auto"`` is bf16 on a CPU with native bf16 (else fp32, or ``AGL_PRECISION``), resolved
+    as the trained policy resolves it (:mod:`agl.compute.precision`).
     ``max_batch_size`` bounds the sequences decoded together, and ``kv_cache_gb`` their KV cache and the
     prefix cache together (None: a quarter of the process's memory budget, :mod:`agl.compute.memory`,
     which a trainer in the same process shares); ``default_max_tokens`` applies when a request sets none; an idle engine waits
