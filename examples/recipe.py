@@ -68,20 +68,7 @@ def recipe_args(
     parser.add_argument(
         "--out", type=Path, default=None, help=f"output folder (default: results/{name}[-tiny])"
     )
-    teacher = parser.add_argument_group("warm start from a teacher instead of the gold-derived traces")
-    teacher.add_argument(
-        "--teacher",
-        default=None,
-        help="a stronger model: a local Hugging Face folder, an OpenAI-compatible base URL (http...), or "
-        "qwen-coder (Qwen2.5-Coder-0.5B-Instruct; make teacher-model installs it)",
-    )
-    teacher.add_argument("--teacher-model", default=None, help="the model name a --teacher URL serves")
-    teacher.add_argument(
-        "--teacher-samples", type=int, default=4, help="teacher rollouts per train task (default: 4)"
-    )
-    teacher.add_argument(
-        "--teacher-tasks", type=int, default=32, help="train tasks the teacher runs on (default: 32)"
-    )
+    add_teacher_options(parser)
     args = parser.parse_args(argv)
     tiny = args.model == "tiny"
     args.out = args.out or Path(f"results/{name}-tiny" if tiny else f"results/{name}")
@@ -145,6 +132,24 @@ def add_seed_options(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "fp32", "bf16"],
         default="auto",
         help="policy and engine matmul precision (auto: bf16 on a CPU with native bf16, else fp32; AGL_PRECISION overrides)",
+    )
+
+
+def add_teacher_options(parser: argparse.ArgumentParser) -> None:
+    """``--teacher`` and its sampling budget: a warm start from a stronger model, no gold traces used."""
+    teacher = parser.add_argument_group("warm start from a teacher instead of the gold-derived traces")
+    teacher.add_argument(
+        "--teacher",
+        default=None,
+        help="a stronger model: a local Hugging Face folder, an OpenAI-compatible base URL (http...), or "
+        "qwen-coder (Qwen2.5-Coder-0.5B-Instruct; make teacher-model installs it)",
+    )
+    teacher.add_argument("--teacher-model", default=None, help="the model name a --teacher URL serves")
+    teacher.add_argument(
+        "--teacher-samples", type=int, default=4, help="teacher rollouts per train task (default: 4)"
+    )
+    teacher.add_argument(
+        "--teacher-tasks", type=int, default=32, help="train tasks the teacher runs on (default: 32)"
     )
 
 
@@ -215,13 +220,14 @@ def run_seeds(
                 "wall_s": round(time.perf_counter() - started, 1),
             }
         )
+    taught = ["teacher"] if any(r.get("teacher") is not None for r in runs) else []  # its own score
     result = {
         "command": [Path(sys.executable).name, "-m", module, *sys.argv[1:]],
         "commit": _commit(),
         "seeds": list(args.seeds),
         "split_seed": args.split_seed,
         "runs": runs,
-        **spread(runs, [*PHASES, "cpu_s", "peak_rss_gb", "wall_s"]),
+        **spread(runs, [*PHASES, *taught, "cpu_s", "peak_rss_gb", "wall_s"]),
     }
     path = args.result or args.out / "seeds.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -248,6 +254,7 @@ def recipe_phases(summary: dict[str, Any]) -> dict[str, float | None]:
         "before": summary["test_base"],
         "after_warm_start": summary["test_after_warm_start"],
         "after_grpo": summary["test_after_grpo"],
+        "teacher": summary.get("test_teacher"),
     }
 
 
@@ -333,20 +340,25 @@ def warm_start(recipe: Recipe, args: argparse.Namespace) -> WarmStart | agl.Teac
         return None
     schedule = {"steps": args.sft_steps, "batch_size": 8, "lr": args.sft_lr, "seed": args.seed}
     if args.teacher:
-        if args.teacher.startswith(("http://", "https://")):
-            where = {"endpoint": args.teacher}
-        elif args.teacher == "qwen-coder":
-            where = {"path": str(qwen_coder())}
-        else:
-            where = {"path": args.teacher}
-        return agl.Teacher(
-            **where,
-            model=args.teacher_model,
-            samples_per_task=args.teacher_samples,
-            max_tasks=args.teacher_tasks,
-            **schedule,
-        )
+        return teacher_warm_start(args, **schedule)
     return WarmStart(conversations=recipe.warm_start, tools=recipe.tools, **schedule)
+
+
+def teacher_warm_start(args: argparse.Namespace, **schedule: Any) -> agl.Teacher:
+    """The ``agl.Teacher`` that ``--teacher`` names, with the student's SFT ``schedule``."""
+    if args.teacher.startswith(("http://", "https://")):
+        where = {"endpoint": args.teacher}
+    elif args.teacher == "qwen-coder":
+        where = {"path": str(qwen_coder())}
+    else:
+        where = {"path": args.teacher}
+    return agl.Teacher(
+        **where,
+        model=args.teacher_model,
+        samples_per_task=args.teacher_samples,
+        max_tasks=args.teacher_tasks,
+        **schedule,
+    )
 
 
 def plot(

@@ -3,6 +3,7 @@
     python -m examples.calc.train                 # SmolLM2 (BENCHMARKS.md: demo_precision): results/calc/
     python -m examples.calc.train --model tiny    # a quick smoke run of the loop: results/calc-tiny/
     python -m examples.calc.train --seeds 0,1,2 --result calc-seeds.json   # one run per seed, and the spread
+    python -m examples.calc.train --teacher qwen-coder   # warm start from a stronger model, no gold traces
 
 The agent (``examples/calc/agent.py``) is plain openai-SDK code. The loop: measure held-out accuracy;
 a short SFT warm start on generated tool-use traces; GRPO through the store, runners, gateway and
@@ -29,7 +30,7 @@ from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig, WarmStart
 from agl.models import smollm2, tiny_model
 from examples.calc.agent import CALCULATOR, SYSTEM, calc_agent, calculate
 from examples.calc.tasks import make_tasks
-from examples.recipe import add_seed_options, plot, run_seeds
+from examples.recipe import add_seed_options, add_teacher_options, plot, run_seeds, teacher_warm_start
 
 
 def tool_use_trace(task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -70,12 +71,26 @@ def calc_tasks(
     return train, val, make_tasks(64, seed=20_000 + split_seed)
 
 
+def warm_start(
+    args: argparse.Namespace, warm_tasks: list[dict[str, Any]], steps: int, lr: float
+) -> WarmStart | agl.Teacher | None:
+    """The SFT warm start: the teacher's best rollouts with ``--teacher`` (no gold-derived trace used),
+    else a correct conversation per warm-start task; none with ``--sft-steps 0``."""
+    if not steps:
+        return None
+    schedule = {"steps": steps, "batch_size": 8, "lr": lr, "seed": args.seed}
+    if args.teacher:
+        return teacher_warm_start(args, **schedule)
+    return WarmStart(conversations=[tool_use_trace(t) for t in warm_tasks], tools=[CALCULATOR], **schedule)
+
+
 def calc_phases(summary: dict[str, Any]) -> dict[str, float | None]:
     """A demo run's held-out accuracies from its ``summary.json``."""
     return {
         "before": summary["val_accuracy_before"],
         "after_warm_start": summary["val_accuracy_after_sft"],
         "after_grpo": summary["val_accuracy_after"],
+        "teacher": summary.get("val_accuracy_teacher"),
     }
 
 
@@ -109,6 +124,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="output folder (default: results/calc, tiny: results/calc-tiny)",
     )
+    add_teacher_options(parser)
     args = parser.parse_args(argv)
     args.out = args.out or default_out("calc", args.model)
     return args
@@ -139,16 +155,7 @@ def main() -> None:
         loss=LossConfig(aggregation="token_mean"),
         precision=args.precision,
         seed=args.seed,
-        warm_start=WarmStart(
-            conversations=[tool_use_trace(t) for t in warm_tasks],
-            tools=[CALCULATOR],
-            steps=sft_steps,
-            batch_size=8,
-            lr=sft_lr,
-            seed=args.seed,
-        )
-        if sft_steps
-        else None,
+        warm_start=warm_start(args, warm_tasks, sft_steps, sft_lr),
     )
     started = time.perf_counter()
     trainer = agl.Trainer(
@@ -169,6 +176,8 @@ def main() -> None:
         "val_accuracy_before": phases["base"],
         "val_accuracy_after_sft": phases.get("after_warm_start"),
         "val_accuracy_after": phases["after_grpo"],
+        "val_accuracy_teacher": phases.get("teacher"),  # the teacher's own (a --teacher warm start)
+        "warm_start_from": args.teacher or ("gold-derived traces" if sft_steps else None),
         "grpo_gain": phases["after_grpo"] - phases.get("after_warm_start", phases["base"]),
         "grpo_steps": steps,
         "tasks_per_step": config.tasks_per_step,

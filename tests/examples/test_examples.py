@@ -100,3 +100,23 @@ def test_calc_agent_reads_only_an_expression_object_from_a_tool_call() -> None:
 
     assert expression_of(call('{"expression": "3 * 4"}')) == "3 * 4"
     assert expression_of(call("5")) == expression_of(call("[1]")) == expression_of(call("{oops")) == ""
+
+
+def test_calc_demo_teacher_option_replaces_the_gold_traces(tmp_path: Path) -> None:
+    """``--teacher`` gives the demo a warm start from a stronger model's rollouts: no gold trace used."""
+    import agl
+    from agl.algorithm.grpo import WarmStart
+    from examples.calc.train import calc_tasks, parse_args, warm_start
+
+    _, _, warm_tasks = calc_tasks(0, 4)
+    base = ["--model", "tiny", "--out", str(tmp_path)]
+    gold = warm_start(parse_args(base), warm_tasks, 8, 1e-5)
+    assert isinstance(gold, WarmStart) and len(gold.conversations) == len(warm_tasks)
+    taught = warm_start(parse_args([*base, "--teacher", "/models/big", "--seed", "2"]), warm_tasks, 8, 1e-5)
+    assert isinstance(taught, agl.Teacher) and (taught.path, taught.steps, taught.lr, taught.seed) == (
+        "/models/big",
+        8,
+        1e-5,
+        2,
+    )
+    assert warm_start(parse_args([*base, "--teacher", "/models/big"]), warm_tasks, 0, 1e-5) is None
