@@ -6,7 +6,9 @@ with its log beside it (``<name>`` is ``--name``, by default the recipe). Report
 ``summary.json``, ``metrics.csv`` and log: the held-out score of the base model, after the warm start (and the
 teacher's own, for a teacher warm start) and after GRPO; the GRPO steps that trained no sample, the extra
 rollouts dynamic sampling drew and the share of rollouts merged into one sample; CPU seconds and peak RSS.
-Per variant: the mean and range over seeds.
+A run that stopped before its summary (a teacher that kept no rollout) is recorded as failed, with its
+error and the teacher's own score when its log has it, never as a score of 0. Per variant: the mean and
+range over the runs that finished.
 
     python benchmarks/recipe_variants.py --recipe sql_agent --variants plain=,refill=--refill --seeds 0,1,2
     python benchmarks/recipe_variants.py --recipe sql_agent --variants "teacher=--teacher qwen-coder" --seeds 0
@@ -79,8 +81,29 @@ def steps_of(metrics_csv: Path) -> dict[str, Any]:
     }
 
 
+#: the exception a failed run's log ends with, and the teacher's held-out score its log may hold
+_ERROR = re.compile(r"^(?:\w+\.)*(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
+_TEACHER_SCORE = re.compile(r"teacher: held-out score ([0-9.]+)")
+
+
+def failed_run(log: Path, variant: str, seed: int) -> dict[str, Any]:
+    """A run that stopped before its ``summary.json``: why (its last exception), and what it measured."""
+    text = log.read_text(errors="replace")
+    errors = _ERROR.findall(text)
+    teacher = _TEACHER_SCORE.search(text)
+    return {
+        "variant": variant,
+        "seed": seed,
+        "failed": f"{errors[-1][0]}: {errors[-1][1]}" if errors else "no summary.json (see the log)",
+        "test_teacher": float(teacher.group(1)) if teacher else None,
+        **_results.timed_run(log, failed_ok=True),
+    }
+
+
 def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
     """One run's scores, steps and resources."""
+    if not (out / stem / "summary.json").exists():
+        return failed_run(out / f"{stem}.log", variant, seed)
     resources = _results.timed_run(out / f"{stem}.log")
     summary = json.loads((out / stem / "summary.json").read_text())
     return {
@@ -125,16 +148,20 @@ def main() -> None:
     keys = (*SCORES, "steps_without_update", "refill_rollouts", "merged_fraction", "cpu_s", "peak_rss_gb")
     for variant in variants:
         mine = [r for r in runs if r["variant"] == variant]
-        summary[variant] = {k: _results.spread(mine, k) for k in keys}
+        finished = [r for r in mine if "failed" not in r]
+        summary[variant] = {k: _results.spread(finished or mine, k) for k in keys}
+        summary[variant]["failed_runs"] = len(mine) - len(finished)
         print(variant, json.dumps(summary[variant]))
     for variant in variants:  # a result per variant, each with every variant's summary beside it
+        mine = [r for r in runs if r["variant"] == variant]
+        scores = [r["test_after_grpo"] for r in mine if "failed" not in r]
+        headline = (  # a variant whose every run failed: the share that finished, not a score of 0
+            {"metric": "held-out score after GRPO", "values": scores}
+            if scores
+            else {"metric": "share of runs that finished", "values": [0.0]}
+        )
         recorder.save(
-            metric="held-out score after GRPO",
-            unit="share",
-            values=[r["test_after_grpo"] for r in runs if r["variant"] == variant],
-            runs=[r for r in runs if r["variant"] == variant],
-            summary=summary,
-            variant=f"{args.recipe}-{variant}",
+            **headline, unit="share", runs=mine, summary=summary, variant=f"{args.recipe}-{variant}"
         )
 
 

@@ -83,7 +83,8 @@ def recipe_args(
     args.sft_lr = args.sft_lr or (1e-4 if tiny else 2e-5)
     args.out.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("agl.algorithm.grpo").setLevel(logging.INFO)  # phase results and warm-start losses
+    for name in ("agl.algorithm.grpo", "agl.algorithm.teacher"):  # phase results, warm-start losses
+        logging.getLogger(name).setLevel(logging.INFO)
     return args
 
 

@@ -177,6 +177,7 @@ async def collect_traces(
     resources_id: str,
     *,
     timeout_s: float | None,
+    held_out: float | None = None,
 ) -> TeacherTraces:
     """Run the agent against the teacher (``samples_per_task`` per task, on at most ``max_tasks`` train
     tasks), keep the rollouts by reward, and return their conversations with their tools.
@@ -222,11 +223,13 @@ async def collect_traces(
             if failures.failed
             else ""
         )
+        own = "" if held_out is None else f"; its own held-out score {held_out:.3f}"
         raise ConfigError(
             f"the teacher's {len(rollouts)} rollouts on {len(tasks)} train tasks kept none{failed} "
             f"(Teacher(min_reward={teacher.min_reward}, top_k={teacher.top_k}); mean reward "
-            f"{counts['teacher_train_reward']:.3f}): lower min_reward, raise samples_per_task, or check that "
-            "the agent reaches the teacher (its rollouts have mode 'teacher' in the store)"
+            f"{counts['teacher_train_reward']:.3f}{own}): lower min_reward, raise samples_per_task, try a "
+            "stronger teacher, or check that the agent reaches the teacher (its rollouts have mode 'teacher' "
+            "in the store)"
         )
     log.info("teacher: kept %d of %d rollouts on %d tasks", len(kept), len(rollouts), len(tasks))
     return traces
@@ -257,7 +260,10 @@ async def teach(
     resources_id = await publish_teacher(ctx)
     if val:
         phases["teacher"] = await teacher_score(ctx, val, resources_id, timeout_s=timeout_s)
-    traces = await collect_traces(ctx, teacher, train, resources_id, timeout_s=timeout_s)
+        log.info("teacher: held-out score %.4f on %d tasks", phases["teacher"], len(val))
+    traces = await collect_traces(
+        ctx, teacher, train, resources_id, timeout_s=timeout_s, held_out=phases.get("teacher")
+    )
     await ctx.release_teacher()  # its work is done: a local teacher's memory goes to the student's training
     if teacher.export_jsonl:
         export_traces(traces, Path(ctx.output_dir) / TRACES_FILE)

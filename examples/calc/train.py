@@ -136,7 +136,8 @@ def main() -> None:
         run_seeds("examples.calc.train", args, calc_phases)
         return
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("agl.algorithm.grpo").setLevel(logging.INFO)  # phase results and warm-start losses
+    for name in ("agl.algorithm.grpo", "agl.algorithm.teacher"):  # phase results, warm-start losses
+        logging.getLogger(name).setLevel(logging.INFO)
     tiny = args.model == "tiny"
     fresh_store(args.out)
     steps = args.steps if args.steps is not None else (2 if tiny else 10)

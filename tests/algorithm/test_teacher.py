@@ -288,6 +288,21 @@ def test_a_teacher_whose_every_rollout_fails_stops_the_run_naming_the_error(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_a_teacher_that_cannot_do_the_task_stops_the_run_naming_its_own_score(
+    tmp_path: Path, scripted: ScriptedTeacher
+) -> None:
+    """Every rollout succeeds and scores 0: the error says so, with the teacher's held-out score."""
+    teacher = agl.Teacher(scripted.url, model="stub-teacher", api_key="sk-teacher", samples_per_task=2)
+    config = GRPOConfig(model_path=str(tiny_model()), steps=0, warm_start=teacher, export_model=False)
+    trainer = agl.Trainer(algorithm=GRPO(config), n_runners=2, output_dir=str(tmp_path / "run"))
+    with pytest.raises(
+        ConfigError, match=r"4 rollouts on 2 train tasks kept none .*its own held-out score 0\.000"
+    ):
+        trainer.fit(calculator_agent, ["bad 1", "bad 2"], ["bad 3"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_local_teacher_folder_is_served_by_fit_on_its_own_engine(tmp_path: Path) -> None:
     config = SFTConfig(
         model_path=str(tiny_model()),

@@ -76,3 +76,40 @@ def test_a_comma_inside_a_variants_options_stays_there() -> None:
         "solo": ["--agents", "solver"],
         "plain": [],
     }
+
+
+def test_a_run_that_stopped_before_its_summary_is_recorded_as_failed_never_as_zero(tmp_path: Path) -> None:
+    _run(tmp_path, "calc-gold-s0", 0.75, [8], [0])
+    (tmp_path / "calc-teacher-s0").mkdir()  # the teacher phase raised: no summary.json, no metrics.csv
+    error = (
+        "agl.errors.ConfigError: the teacher's 128 rollouts on 32 train tasks kept none (mean reward 0.000)"
+    )
+    log = "INFO agl.algorithm.teacher: teacher: held-out score 0.0312 on 64 tasks\nTraceback ...\n" + error
+    (tmp_path / "calc-teacher-s0.log").write_text(
+        log + "\n" + TIME_LOG.format(user=290.0, kb=5 * 1024**2, status=1)
+    )
+    done = _bench(
+        *[
+            "--recipe",
+            "calc",
+            "--seeds",
+            "0",
+            "--logs",
+            str(tmp_path),
+            "--results-dir",
+            str(tmp_path / "res"),
+        ],
+        *["--variants", "gold=,teacher=--teacher qwen-coder"],
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    gold, teacher = (json.loads(f.read_text()) for f in sorted((tmp_path / "res").rglob("*.json")))
+    assert gold["metric"]["name"] == "held-out score after GRPO" and gold["values"] == [0.75]
+    assert teacher["metric"]["name"] == "share of runs that finished" and teacher["values"] == [0.0]
+    (run,) = teacher["runs"]
+    assert (
+        run["failed"].startswith("ConfigError: the teacher's 128 rollouts") and "test_after_grpo" not in run
+    )
+    assert (run["test_teacher"], run["cpu_s"], run["peak_rss_gb"]) == (0.0312, 300.0, 5.0)
+    assert (
+        teacher["summary"]["teacher"]["failed_runs"] == 1 and teacher["summary"]["gold"]["failed_runs"] == 0
+    )
