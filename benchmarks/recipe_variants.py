@@ -86,6 +86,10 @@ _ERROR = re.compile(r"^(?:\w+\.)*(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 _TEACHER_SCORE = re.compile(r"teacher: held-out score ([0-9.]+)")
 
 
+def _lines(path: Path) -> int | None:
+    return sum(1 for line in path.open() if line.strip()) if path.exists() else None
+
+
 def failed_run(log: Path, variant: str, seed: int) -> dict[str, Any]:
     """A run that stopped before its ``summary.json``: why (its last exception), and what it measured."""
     text = log.read_text(errors="replace")
@@ -111,6 +115,7 @@ def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
         "seed": seed,
         **{k: summary.get(k, summary.get(CALC_SCORES[k])) for k in SCORES},
         "warm_start_from": summary.get("warm_start_from"),
+        "teacher_kept": _lines(out / stem / "teacher_traces.jsonl"),  # conversations the student learnt from
         **steps_of(out / stem / "metrics.csv"),
         **resources,
         "wall_time_s": summary.get("wall_time_s"),
@@ -145,7 +150,15 @@ def main() -> None:
                 run_one(args.recipe, out, f"{name}-{variant}-s{seed}", seed, options)
     runs = [read_run(out, f"{name}-{v}-s{s}", v, s) for v in variants for s in seeds]
     summary: dict[str, Any] = {"recipe": args.recipe, "seeds": seeds, "variants": variants, "note": args.note}
-    keys = (*SCORES, "steps_without_update", "refill_rollouts", "merged_fraction", "cpu_s", "peak_rss_gb")
+    keys = (
+        *SCORES,
+        "teacher_kept",
+        "steps_without_update",
+        "refill_rollouts",
+        "merged_fraction",
+        "cpu_s",
+        "peak_rss_gb",
+    )
     for variant in variants:
         mine = [r for r in runs if r["variant"] == variant]
         finished = [r for r in mine if "failed" not in r]

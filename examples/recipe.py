@@ -318,6 +318,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         "temperature": args.temperature,
         "refill": args.refill,
         "warm_start_from": args.teacher or ("gold-derived traces" if args.sft_steps else None),
+        "teacher_rollouts": result.get("teacher"),  # a --teacher run's rollouts, kept ones, samples
         "wall_time_s": round(wall, 1),
         "seed": args.seed,
         "split_seed": args.split_seed,

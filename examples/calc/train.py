@@ -179,6 +179,7 @@ def main() -> None:
         "val_accuracy_after": phases["after_grpo"],
         "val_accuracy_teacher": phases.get("teacher"),  # the teacher's own (a --teacher warm start)
         "warm_start_from": args.teacher or ("gold-derived traces" if sft_steps else None),
+        "teacher_rollouts": result.get("teacher"),  # a --teacher run's rollouts, kept ones, samples
         "grpo_gain": phases["after_grpo"] - phases.get("after_warm_start", phases["base"]),
         "grpo_steps": steps,
         "tasks_per_step": config.tasks_per_step,

@@ -44,6 +44,7 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
     _run(tmp_path, "sql-plain-s1", 0.75, [8, 8, 0], [0, 0, 0])
     _run(tmp_path, "sql-refill-s0", 0.625, [8, 8, 8], [8, 0, 16])
     _run(tmp_path, "sql-refill-s1", 0.875, [8, 8, 8], [0, 0, 8])
+    (tmp_path / "sql-refill-s1" / "teacher_traces.jsonl").write_text('{"messages": []}\n' * 3)
     common = ["--recipe", "sql_agent", "--name", "sql", "--seeds", "0,1", "--logs", str(tmp_path)]
     done = _bench(*common, "--variants", "plain=,refill=--refill", "--results-dir", str(tmp_path / "res"))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -53,6 +54,7 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
     assert plain["values"] == [0.5, 0.75] and refill["values"] == [0.625, 0.875]
     assert [r["steps_without_update"] for r in plain["runs"]] == [2, 1]
     assert [r["refill_rollouts"] for r in refill["runs"]] == [24, 8]
+    assert [r["teacher_kept"] for r in refill["runs"]] == [None, 3]  # the kept conversations, when taught
     summary = refill["summary"]
     assert summary["plain"]["steps_without_update"] == {"mean": 1.5, "min": 1.0, "max": 2.0}
     assert (
