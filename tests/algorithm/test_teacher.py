@@ -276,29 +276,29 @@ def test_an_endpoint_teacher_warm_starts_grpo_and_stays_out_of_its_groups(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_teacher_whose_every_rollout_fails_stops_the_run_naming_the_error(
-    tmp_path: Path, scripted: ScriptedTeacher
+@pytest.mark.parametrize(
+    ("key", "tasks", "val", "error"),
+    [
+        # every rollout fails: the error names the first failure
+        ("sk-wrong", ["good 1", "good 2"], [], r"kept none, 2 failed \(the first: .*401.*Incorrect API key"),
+        # every rollout succeeds and scores 0: the error says so, with the teacher's own held-out score
+        (
+            "sk-teacher",
+            ["bad 1", "bad 2"],
+            ["bad 3"],
+            r"2 train tasks kept none .*its own held-out score 0\.000",
+        ),
+    ],
+    ids=["every-rollout-fails", "cannot-do-the-task"],
+)
+def test_a_teacher_that_keeps_nothing_stops_the_run_saying_why(
+    tmp_path: Path, scripted: ScriptedTeacher, key: str, tasks: list[str], val: list[str], error: str
 ) -> None:
-    teacher = agl.Teacher(scripted.url, model="stub-teacher", api_key="sk-wrong", samples_per_task=1)
+    teacher = agl.Teacher(scripted.url, model="stub-teacher", api_key=key, samples_per_task=1)
     config = GRPOConfig(model_path=str(tiny_model()), steps=0, warm_start=teacher, export_model=False)
     trainer = agl.Trainer(algorithm=GRPO(config), n_runners=2, output_dir=str(tmp_path / "run"))
-    with pytest.raises(ConfigError, match=r"kept none, 2 failed \(the first: .*401.*Incorrect API key"):
-        trainer.fit(calculator_agent, ["good 1", "good 2"], [])
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_teacher_that_cannot_do_the_task_stops_the_run_naming_its_own_score(
-    tmp_path: Path, scripted: ScriptedTeacher
-) -> None:
-    """Every rollout succeeds and scores 0: the error says so, with the teacher's held-out score."""
-    teacher = agl.Teacher(scripted.url, model="stub-teacher", api_key="sk-teacher", samples_per_task=2)
-    config = GRPOConfig(model_path=str(tiny_model()), steps=0, warm_start=teacher, export_model=False)
-    trainer = agl.Trainer(algorithm=GRPO(config), n_runners=2, output_dir=str(tmp_path / "run"))
-    with pytest.raises(
-        ConfigError, match=r"4 rollouts on 2 train tasks kept none .*its own held-out score 0\.000"
-    ):
-        trainer.fit(calculator_agent, ["bad 1", "bad 2"], ["bad 3"])
+    with pytest.raises(ConfigError, match=error):
+        trainer.fit(calculator_agent, tasks, val)
 
 
 @pytest.mark.slow
