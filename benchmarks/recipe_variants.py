@@ -5,7 +5,8 @@ Each (variant, seed) is one ``python -m examples.<recipe>.train --seed S <the va
 with its log beside it (``<name>`` is ``--name``, by default the recipe). Reported per run, from its
 ``summary.json``, ``metrics.csv`` and log: the held-out score of the base model, after the warm start (and the
 teacher's own, for a teacher warm start) and after GRPO; the GRPO steps that trained no sample, the extra
-rollouts dynamic sampling drew and the share of rollouts merged into one sample; CPU seconds and peak RSS.
+rollouts dynamic sampling drew and the share of rollouts merged into one sample; for a teacher warm start, the
+conversations kept and how many of them call a tool; CPU seconds and peak RSS.
 A run that stopped before its summary (a teacher that kept no rollout) is recorded as failed, with its
 error and the teacher's own score when its log has it, never as a score of 0. Per variant: the mean and
 range over the runs that finished.
@@ -86,8 +87,14 @@ _ERROR = re.compile(r"^(?:\w+\.)*(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 _TEACHER_SCORE = re.compile(r"teacher: held-out score ([0-9.]+)")
 
 
-def _lines(path: Path) -> int | None:
-    return sum(1 for line in path.open() if line.strip()) if path.exists() else None
+def kept_traces(path: Path) -> dict[str, int | None]:
+    """A taught run's kept conversations (``teacher_traces.jsonl``), and how many of them call a tool: a
+    teacher that answers without its tools teaches the student to skip them."""
+    if not path.exists():
+        return {"teacher_kept": None, "teacher_kept_with_tool_calls": None}
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    called = [x for x in lines if any(m.get("tool_calls") for m in x.get("messages", []))]
+    return {"teacher_kept": len(lines), "teacher_kept_with_tool_calls": len(called)}
 
 
 def failed_run(log: Path, variant: str, seed: int) -> dict[str, Any]:
@@ -115,7 +122,7 @@ def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
         "seed": seed,
         **{k: summary.get(k, summary.get(CALC_SCORES[k])) for k in SCORES},
         "warm_start_from": summary.get("warm_start_from"),
-        "teacher_kept": _lines(out / stem / "teacher_traces.jsonl"),  # conversations the student learnt from
+        **kept_traces(out / stem / "teacher_traces.jsonl"),  # the conversations the student learnt from
         **steps_of(out / stem / "metrics.csv"),
         **resources,
         "wall_time_s": summary.get("wall_time_s"),
@@ -153,6 +160,7 @@ def main() -> None:
     keys = (
         *SCORES,
         "teacher_kept",
+        "teacher_kept_with_tool_calls",
         "steps_without_update",
         "refill_rollouts",
         "merged_fraction",

@@ -44,7 +44,10 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
     _run(tmp_path, "sql-plain-s1", 0.75, [8, 8, 0], [0, 0, 0])
     _run(tmp_path, "sql-refill-s0", 0.625, [8, 8, 8], [8, 0, 16])
     _run(tmp_path, "sql-refill-s1", 0.875, [8, 8, 8], [0, 0, 8])
-    (tmp_path / "sql-refill-s1" / "teacher_traces.jsonl").write_text('{"messages": []}\n' * 3)
+    called = {"messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]}
+    (tmp_path / "sql-refill-s1" / "teacher_traces.jsonl").write_text(
+        '{"messages": []}\n' * 2 + json.dumps(called) + "\n"
+    )
     common = ["--recipe", "sql_agent", "--name", "sql", "--seeds", "0,1", "--logs", str(tmp_path)]
     done = _bench(*common, "--variants", "plain=,refill=--refill", "--results-dir", str(tmp_path / "res"))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -55,6 +58,7 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
     assert [r["steps_without_update"] for r in plain["runs"]] == [2, 1]
     assert [r["refill_rollouts"] for r in refill["runs"]] == [24, 8]
     assert [r["teacher_kept"] for r in refill["runs"]] == [None, 3]  # the kept conversations, when taught
+    assert [r["teacher_kept_with_tool_calls"] for r in refill["runs"]] == [None, 1]
     summary = refill["summary"]
     assert summary["plain"]["steps_without_update"] == {"mean": 1.5, "min": 1.0, "max": 2.0}
     assert (
