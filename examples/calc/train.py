@@ -3,7 +3,7 @@
     python -m examples.calc.train                 # SmolLM2 (BENCHMARKS.md: demo_precision): results/calc/
     python -m examples.calc.train --model tiny    # a quick smoke run of the loop: results/calc-tiny/
     python -m examples.calc.train --seeds 0,1,2 --result calc-seeds.json   # one run per seed, and the spread
-    python -m examples.calc.train --teacher qwen-coder   # warm start from a stronger model, no gold traces
+    python -m examples.calc.train --teacher qwen-coder-1.5b   # a stronger model teaches first: no gold trace
 
 The agent (``examples/calc/agent.py``) is plain openai-SDK code. The loop: measure held-out accuracy;
 a short SFT warm start on generated tool-use traces; GRPO through the store, runners, gateway and
