@@ -153,6 +153,13 @@ def add_teacher_options(parser: argparse.ArgumentParser) -> None:
     teacher.add_argument(
         "--teacher-tasks", type=int, default=32, help="train tasks the teacher runs on (default: 32)"
     )
+    teacher.add_argument(
+        "--teacher-keep",
+        choices=("any", "tool-calls"),
+        default="any",
+        help="which rewarded conversations the student learns from: any, or only those that call a tool "
+        "(a right answer reached without the agent's tools teaches the student to skip them; default: any)",
+    )
 
 
 def _seed_list(text: str) -> list[int]:
@@ -360,6 +367,7 @@ def teacher_warm_start(args: argparse.Namespace, **schedule: Any) -> agl.Teacher
         model=args.teacher_model,
         samples_per_task=args.teacher_samples,
         max_tasks=args.teacher_tasks,
+        keep=agl.Teacher.calls_a_tool if args.teacher_keep == "tool-calls" else None,
         **schedule,
     )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +53,10 @@ class Teacher:
         max_tasks: run the teacher on at most this many train tasks (None: all of them).
         min_reward: keep rollouts scoring at least this (None: any succeeded one).
         top_k: keep at most this many best rollouts per task (None: all that pass ``min_reward``).
+        keep: a test on a rollout's conversation (OpenAI chat messages, tool calls included), applied
+            before ``top_k``: only conversations it passes are kept. A right answer can be reached the
+            wrong way (a tool agent's teacher answering from its own arithmetic); ``Teacher.calls_a_tool``
+            keeps only conversations that use the agent's tools.
         steps, batch_size, lr, seed: the student's SFT schedule on the kept conversations, as
             :class:`~agl.algorithm.grpo.WarmStart`'s (``lr`` None: the algorithm's).
         export_jsonl: write the kept traces to ``OUT/teacher_traces.jsonl`` (OpenAI chat format with
@@ -69,6 +73,7 @@ class Teacher:
     max_tasks: int | None = 32
     min_reward: float | None = 1.0
     top_k: int | None = 1
+    keep: Callable[[list[dict[str, Any]]], bool] | None = None
     steps: int = 8
     batch_size: int = 8
     lr: float | None = None
@@ -90,7 +95,17 @@ class Teacher:
             raise ConfigError(f"Teacher.top_k must be >= 1 or None, got {self.top_k!r}")
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"Teacher.lr must be > 0, got {self.lr}")
+        if self.keep is not None and not callable(self.keep):
+            raise ConfigError(
+                f"Teacher.keep must be a function of a conversation's messages returning a bool "
+                f"(e.g. agl.Teacher.calls_a_tool), got {self.keep!r}"
+            )
         self.spec()  # endpoint xor path, a valid URL, a model name other than 'policy'
+
+    @staticmethod
+    def calls_a_tool(messages: list[dict[str, Any]]) -> bool:
+        """True when an assistant turn of ``messages`` calls a tool (a ``keep`` test for tool agents)."""
+        return any(m.get("role") == "assistant" and m.get("tool_calls") for m in messages)
 
     def spec(self) -> TeacherSpec:
         """What ``Trainer.fit`` serves for this teacher (``ModelSpec.teacher``)."""
@@ -201,7 +216,9 @@ async def collect_traces(
     )
     rollouts: list[Rollout] = [r for r, _ in done]
     spans = {r.rollout_id: s for r, s in done}
-    kept = select_rollouts(rollouts, spans, min_reward=teacher.min_reward, top_k_per_task=teacher.top_k)
+    conversation = {r.rollout_id: to_messages(llm_calls(spans[r.rollout_id])) for r in rollouts}
+    passed = [r for r in rollouts if teacher.keep is None or teacher.keep(conversation[r.rollout_id])]
+    kept = select_rollouts(passed, spans, min_reward=teacher.min_reward, top_k_per_task=teacher.top_k)
     rewards = [final_reward(spans[r.rollout_id]) or 0.0 for r in rollouts]
     failures = await rollout_failures(ctx.store, rollouts, spans)
     counts = {
@@ -210,10 +227,12 @@ async def collect_traces(
         "teacher_kept": float(len(kept)),
         "teacher_train_reward": sum(rewards) / len(rewards) if rewards else float("nan"),
     }
-    conversations = [to_messages(llm_calls(spans[r.rollout_id])) for r in kept]
+    if teacher.keep is not None:
+        counts["teacher_failed_keep"] = float(len(rollouts) - len(passed))
+    kept = [r for r in kept if conversation[r.rollout_id]]
     traces = TeacherTraces(
-        [c for c in conversations if c],
-        [request_tools(spans[r.rollout_id]) for r, c in zip(kept, conversations, strict=True) if c],
+        [conversation[r.rollout_id] for r in kept],
+        [request_tools(spans[r.rollout_id]) for r in kept],
         counts,
         resources_id,
     )
@@ -224,9 +243,14 @@ async def collect_traces(
             else ""
         )
         own = "" if held_out is None else f"; its own held-out score {held_out:.3f}"
+        keep = (
+            ""
+            if teacher.keep is None
+            else f", keep={getattr(teacher.keep, '__name__', 'keep')} failed {len(rollouts) - len(passed)}"
+        )
         raise ConfigError(
             f"the teacher's {len(rollouts)} rollouts on {len(tasks)} train tasks kept none{failed} "
-            f"(Teacher(min_reward={teacher.min_reward}, top_k={teacher.top_k}); mean reward "
+            f"(Teacher(min_reward={teacher.min_reward}, top_k={teacher.top_k}{keep}); mean reward "
             f"{counts['teacher_train_reward']:.3f}{own}): lower min_reward, raise samples_per_task, try a "
             "stronger teacher, or check that the agent reaches the teacher (its rollouts have mode 'teacher' "
             "in the store)"

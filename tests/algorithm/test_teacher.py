@@ -348,6 +348,68 @@ def test_a_local_teacher_folder_is_served_by_fit_on_its_own_engine(tmp_path: Pat
     )
 
 
+@agl.rollout
+async def any_way_agent(task: str, llm: agl.LLM) -> float:
+    """Reward 1 for any answer, whether or not the calculator was called first: the way a right answer
+    can be reached without the tool."""
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key or "k", max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    try:
+        for _ in range(2):
+            reply = (
+                (
+                    await client.chat.completions.create(
+                        model=llm.model,
+                        messages=messages,  # type: ignore[arg-type]
+                        tools=TOOLS,  # type: ignore[arg-type]
+                        max_tokens=8,
+                    )
+                )
+                .choices[0]
+                .message
+            )
+            if not reply.tool_calls:
+                return 1.0 if reply.content else 0.0
+            messages.append(reply.model_dump(exclude_none=True))
+            messages += [{"role": "tool", "tool_call_id": c.id, "content": "42"} for c in reply.tool_calls]
+        return 0.0
+    finally:
+        await client.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("keep", [None, agl.Teacher.calls_a_tool])
+def test_a_keep_test_drops_right_answers_reached_without_the_tool(
+    tmp_path: Path, scripted: ScriptedTeacher, keep: Any
+) -> None:
+    teacher = agl.Teacher(
+        scripted.url, model="stub-teacher", api_key="sk-teacher", samples_per_task=1, keep=keep, steps=1
+    )
+    config = SFTConfig(
+        model_path=str(tiny_model()),
+        iterations=1,
+        samples_per_task=1,
+        tasks_per_iteration=2,
+        min_reward=None,
+        batch_size=2,
+        teacher=teacher,
+    )
+    out = tmp_path / "run"
+    result = agl.Trainer(algorithm=SFT(config), n_runners=4, output_dir=str(out)).fit(
+        any_way_agent, ["good 1", "plain 1", "good 2", "plain 2"], ["good 3"]
+    )
+    counts = result["teacher"]
+    lines = [json.loads(x) for x in (out / "teacher_traces.jsonl").read_text().splitlines()]
+    with_tool = [x for x in lines if any(m.get("tool_calls") for m in x["messages"])]
+    if keep is None:  # every rollout scored 1: all four are kept, two of them never call the tool
+        assert counts["teacher_kept"] == 4 and len(lines) == 4 and len(with_tool) == 2
+        assert "teacher_failed_keep" not in counts
+    else:
+        assert counts["teacher_kept"] == 2 and counts["teacher_failed_keep"] == 2
+        assert len(lines) == 2 and len(with_tool) == 2
+
+
 TEACHER_PROBES: list[tuple[str, bool]] = []
 
 
@@ -408,6 +470,7 @@ def test_a_teacher_is_an_endpoint_with_a_model_or_a_folder() -> None:
         (lambda: agl.Teacher("http://h/v1", model="m", path="/t"), "exactly one of path"),
         (lambda: agl.Teacher(path="/t", samples_per_task=0), "Teacher.samples_per_task must be"),
         (lambda: agl.Teacher(path="/t", top_k=0), "Teacher.top_k must be"),
+        (lambda: agl.Teacher(path="/t", keep="tool-calls"), "Teacher.keep must be a function"),  # type: ignore[arg-type]
         (lambda: GRPOConfig(model_path="/m", warm_start="gold.jsonl"), "GRPOConfig.warm_start must be"),  # type: ignore[arg-type]
         (lambda: SFTConfig(model_path="/m", teacher=agl.Teacher(path="/t"), from_store="x.db"), "from_store"),
     ]:
