@@ -547,6 +547,11 @@ def _resources_routes(ctx: _Context) -> dict[str, Handler]:
     }
 
 
+#: the per-version mean a rollout's mode counts in: a teacher's rollouts on train tasks and its held-out
+#: ones (modes of ``agl.algorithm.teacher``) count as its own resources version's train and val
+MEAN_COLUMN = {"train": "train", "val": "val", "teacher": "train", "teacher_val": "val"}
+
+
 async def _compute_curves(ctx: _Context) -> dict[str, Any]:
     """Reward of recently finished rollouts, over time and as a mean per resources version and mode."""
     found: list[Rollout] = []
@@ -573,7 +578,8 @@ async def _compute_curves(ctx: _Context) -> dict[str, Any]:
     ]
     sums: dict[tuple[str | None, str], list[float]] = {}
     for p in points:
-        sums.setdefault((p["resources_id"], p["mode"]), []).append(p["reward"])
+        if (column := MEAN_COLUMN.get(p["mode"])) is not None:
+            sums.setdefault((p["resources_id"], column), []).append(p["reward"])
     order: dict[str | None, int] = {}
     for p in points:
         order.setdefault(p["resources_id"], len(order))

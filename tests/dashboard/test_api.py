@@ -16,7 +16,9 @@ from agl import semconv as sc
 from agl.adapter import llm_calls
 from agl.adapter.behaviour import rollout_behaviour
 from agl.asgi_server import BackgroundServer
-from agl.dashboard import standalone_app
+from agl.dashboard import create_dashboard, standalone_app
+from agl.schemas import AttemptStatus, RolloutCreate, Span
+from agl.store import InMemoryLightningStore
 from agl.testing import free_port, wait_http
 from tests.dashboard.conftest import API_KEY, CRITIQUE, PROMPT_V1, TOKEN, Filled
 
@@ -209,6 +211,34 @@ def test_curves_give_the_mean_reward_per_version_and_mode(http: httpx.Client, fi
     assert {p["rollout_id"]: p["reward"] for p in data["points"]} == rewarded
     times = [p["t"] for p in data["points"]]
     assert times == sorted(times)
+
+
+async def test_a_teachers_version_shows_its_own_train_and_held_out_means() -> None:
+    """A teacher warm start's rollouts (modes ``teacher`` and ``teacher_val``) score its resources version."""
+    store = InMemoryLightningStore(watchdog_interval_s=0)
+    teacher = await store.add_resources({}, metadata={"role": "teacher"})
+    student = await store.add_resources({})
+    for version, mode, reward in [
+        (teacher, "teacher", 1.0),
+        (teacher, "teacher", 0.5),
+        (teacher, "teacher_val", 0.25),
+        (student, "train", 0.0),
+        (student, "val", 0.5),
+    ]:
+        started = await store.start_rollout(
+            RolloutCreate(input=mode, mode=mode, resources_id=version.resources_id)
+        )
+        rid, aid = started.rollout.rollout_id, started.attempt.attempt_id
+        await store.add_spans([Span.new(rid, aid, sc.SPAN_REWARD, {sc.REWARD_VALUE: reward})])
+        await store.update_attempt(rid, aid, status=AttemptStatus.SUCCEEDED)
+    transport = httpx.ASGITransport(create_dashboard(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://ui") as http:
+        rows = {r["version"]: r for r in (await http.get("/ui/api/curves")).json()["by_version"]}
+        listed = {v["version"]: v for v in (await http.get("/ui/api/resources")).json()["items"]}
+    assert (rows[1]["train_mean"], rows[1]["train_count"], rows[1]["val_mean"]) == (0.75, 2, 0.25)
+    assert (rows[2]["train_mean"], rows[2]["val_mean"]) == (0.0, 0.5)
+    assert (listed[1]["train_reward"], listed[1]["val_reward"]) == (0.75, 0.25)
+    await store.aclose()
 
 
 def test_metrics_csv_files_become_series(http: httpx.Client, filled: Filled) -> None:
