@@ -11,7 +11,8 @@ on hidden rules about what the *system prompt* says:
 It also plays **critic** (model ``critic``) and **editor** (model ``editor``) by rule: the critic names
 the rule behind the most common failure in the trajectories it is shown; the editor adds one
 instruction for an issue in the critique, choosing which by the request's ``seed`` (so branches
-differ). ``garbage_every`` / ``fail_every`` make the editor and critic misbehave on purpose.
+differ). ``garbage_every`` / ``fail_every`` make the editor and critic misbehave on purpose;
+``task_outage_calls`` makes the agent's first model calls fail as an outage would.
 
 For side-by-side benchmarks with DSPy it also speaks DSPy's chat-adapter format (``[[ ## question ## ]]``
 in, ``[[ ## answer ## ]]`` out, a tool request answered as ``LOOKUP <item>``), and plays GEPA's
@@ -46,9 +47,10 @@ from examples.apo.price_tasks import (
 class SimulatedLM:
     """The rule engine: ``respond(body)`` returns an OpenAI chat completion for a request body."""
 
-    def __init__(self, *, garbage_every: int = 0, fail_every: int = 0) -> None:
+    def __init__(self, *, garbage_every: int = 0, fail_every: int = 0, task_outage_calls: int = 0) -> None:
         self.garbage_every = garbage_every
         self.fail_every = fail_every
+        self.task_outage_calls = task_outage_calls  # the first this many task calls answer 500
         self.calls = {"task": 0, "critic": 0, "editor": 0, "reflector": 0}
         self.tokens = 0
         self._lock = threading.Lock()
@@ -64,6 +66,8 @@ class SimulatedLM:
             n = self.calls[role]
         if role != "task" and self.fail_every and n % self.fail_every == 0:
             return 500, _error(f"simulated {role} outage (call {n})", None)
+        if role == "task" and n <= self.task_outage_calls:
+            return 500, _error(f"simulated model outage (task call {n})", None)
         if role == "critic":
             message: dict[str, Any] = {"role": "assistant", "content": self._critique(messages, n)}
         elif role == "editor":

@@ -103,6 +103,33 @@ async def test_garbage_and_failures_skip_branches_without_crashing(bed: Bed) -> 
     assert result.best.score is not None and result.best.score > 0  # progress despite the chaos
 
 
+@pytest.mark.parametrize("bed", [{"task_outage_calls": 6}], indirect=True)
+async def test_rollouts_lost_to_a_model_outage_run_again_instead_of_scoring_zero(bed: Bed) -> None:
+    """The first task calls fail (the agent's client retries once): those rollouts are ``infra``
+    failures, run again, so the search scores every candidate as if there had been no outage."""
+    train, val = make_tasks(6, seed=3), make_tasks(6, seed=4)
+    config = bed.config(rounds=2, beam_width=1, branch_factor=1, minibatch_size=3)
+    result = await APO(config).run(bed.store, [t.as_input() for t in train], [t.as_input() for t in val])
+    assert result.rollouts_resampled > 0
+    with SimulatedLMServer(SimulatedLM()) as server:
+        store = InMemoryLightningStore()
+        await store.add_resources(
+            {
+                "llm": LLM(endpoint=server.base_url, model="task"),
+                "prompt": PromptTemplate(template=BASE_PROMPT),
+            }
+        )
+        runner = agl.Runner(price_agent, store, max_concurrency=8, poll_interval_s=0.01)
+        task = asyncio.create_task(runner.run())
+        quiet = Bed(server, store).config(rounds=2, beam_width=1, branch_factor=1, minibatch_size=3)
+        clean = await APO(quiet).run(store, [t.as_input() for t in train], [t.as_input() for t in val])
+        runner.stop()
+        await task
+    assert clean.rollouts_resampled == 0
+    assert [(c.template, c.score) for c in result.history] == [(c.template, c.score) for c in clean.history]
+    assert result.rollouts_used == clean.rollouts_used + result.rollouts_resampled
+
+
 def test_extract_prompt_rejects_garbage() -> None:
     assert _extract_prompt("no tags here", "x") is None
     assert _extract_prompt("<prompt>  </prompt>", "x") is None

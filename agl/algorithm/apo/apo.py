@@ -26,10 +26,10 @@ from agl.agent.base import LitAgent
 from agl.algorithm.apo.search import Candidate, diagnose_baseline, extract_prompt, leader_key, pareto_parents
 from agl.algorithm.apo.trajectories import Trajectory, render_trajectories, trajectory_from_spans
 from agl.algorithm.base import Algorithm, PendingRollouts, TrainingContext, score_of
-from agl.algorithm.health import Failures
+from agl.algorithm.health import Failures, rollout_failures
 from agl.algorithm.spec import ModelSpec
 from agl.errors import AgentError, ConfigError
-from agl.schemas import LLM, PromptTemplate, Resource, RolloutStatus
+from agl.schemas import LLM, PromptTemplate, Resource, Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,9 @@ class APOConfig:
     child is first compared on (1.0 validates every accepted child fully, as GEPA does).
     ``output_dir`` gets ``metrics.csv`` and ``curve.png`` (best score against metric calls), and
     turns on the progress bar and per-round console line (``progress=False`` silences them).
+    A rollout that fails for an ``infra`` or ``reward`` reason (:mod:`agl.failures`: the prompt did not
+    cause it) is run again, up to ``max_resamples`` times, before it scores 0; an ``agent`` failure
+    scores 0 at once, since the prompt may have caused it. Resampled runs count in the budget.
     """
 
     critic: LLM
@@ -77,6 +80,7 @@ class APOConfig:
     patience: int = 8
     finalists: int = 3
     llm_retries: int = 2
+    max_resamples: int = 2
     rollout_timeout_s: float = 600.0
     output_dir: str | None = None
     progress: bool = True
@@ -86,6 +90,8 @@ class APOConfig:
         for name in ("beam_width", "branch_factor", "minibatch_size", "patience", "finalists"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"APOConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_resamples < 0:
+            raise ConfigError(f"APOConfig.max_resamples must be >= 0, got {self.max_resamples}")
         for name in ("rounds", "max_rollouts", "max_llm_calls", "val_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -110,6 +116,7 @@ class APOResult:
     curve: list[tuple[int, float]] = field(default_factory=list)
     rollouts_by_phase: dict[str, int] = field(default_factory=dict)
     stop_reason: str = ""
+    rollouts_resampled: int = 0
 
 
 class BudgetExhausted(Exception):
@@ -131,6 +138,8 @@ class APO(Algorithm):
         self.llm_calls_used = 0
         self.llm_calls_failed = 0
         self.branches_skipped = 0
+        self.rollouts_resampled = 0
+        self._round_resampled = 0
         self._round_failures: list[str] = []  # this round's failed rollouts' errors, for its console line
         self._round_rollouts = 0
         self.history: list[Candidate] = []
@@ -241,6 +250,7 @@ class APO(Algorithm):
             curve=self._curve,
             rollouts_by_phase=dict(self.rollouts_by_phase),
             stop_reason=stop_reason,
+            rollouts_resampled=self.rollouts_resampled,
         )
 
     async def evaluate(
@@ -510,13 +520,7 @@ class APO(Algorithm):
             self.rollouts_used += len(todo)
             self.rollouts_by_phase[phase] += len(todo)
             tasks = self._train if split == "train" else self._val
-            done = await self._ctx.rollouts(
-                [tasks[i] for i in todo],
-                mode="train" if split == "train" else "val",
-                resources_id=c.resources_id,
-                metadata={"apo_candidate": c.resources_id},
-                timeout_s=self.config.rollout_timeout_s,
-            )
+            done = await self._resampled(c, split, [tasks[i] for i in todo], phase)
             unfinished = sum(not r.status.is_terminal for r, _ in done)
             if unfinished:
                 log.warning("%d of %d rollouts did not finish in time; scoring them 0", unfinished, len(done))
@@ -530,6 +534,38 @@ class APO(Algorithm):
                 self._trajectories[trajectory.rollout_id] = trajectory
                 self._scores[(c.resources_id, split, i)] = (trajectory.rollout_id, trajectory.reward)
         return self._results(c, split, indices)
+
+    async def _resampled(
+        self, c: Candidate, split: str, tasks: list[Any], phase: str
+    ) -> list[tuple[Rollout, list[Span]]]:
+        """One rollout of ``c`` per task; those that failed for an ``infra`` or ``reward`` reason run
+        again (up to ``max_resamples`` times, within the budget): only the prompt is being judged."""
+
+        async def run(inputs: list[Any]) -> list[tuple[Rollout, list[Span]]]:
+            return await self._ctx.rollouts(
+                inputs,
+                mode="train" if split == "train" else "val",
+                resources_id=c.resources_id,
+                metadata={"apo_candidate": c.resources_id},
+                timeout_s=self.config.rollout_timeout_s,
+            )
+
+        done = await run(tasks)
+        for _ in range(self.config.max_resamples):
+            spans = {r.rollout_id: s for r, s in done}
+            failures = await rollout_failures(self._store, [r for r, _ in done], spans)
+            retry = {f.rollout.rollout_id for f in failures.details if f.failure_class != "agent"}
+            again = [n for n, (r, _) in enumerate(done) if r.rollout_id in retry]
+            if not again or len(again) > self._remaining():
+                break
+            log.info("APO: running %d rollouts again (infra or reward failures)", len(again))
+            self.rollouts_used += len(again)
+            self.rollouts_by_phase[phase] += len(again)
+            self.rollouts_resampled += len(again)
+            self._round_resampled += len(again)
+            for n, pair in zip(again, await run([tasks[n] for n in again]), strict=True):
+                done[n] = pair
+        return done
 
     async def _validate(self, c: Candidate, upto: int, *, beat: float | None = None) -> None:
         """Extend ``c``'s validation to the first ``upto`` tasks; with ``beat``, in chunks, stopping once
@@ -642,6 +678,7 @@ class APO(Algorithm):
             "llm_calls": self.llm_calls_used,
             "rollouts": self._round_rollouts,
             "failed_rollouts": len(self._round_failures),
+            "resampled_rollouts": self._round_resampled,
         }
         log.info("APO round %d: %s", round_no, row)
         if metrics is not None:
@@ -649,7 +686,7 @@ class APO(Algorithm):
                 len(self._round_failures), self._round_rollouts, next(iter(self._round_failures), None)
             )
             metrics.log(round_no, {**row, **failures.console()})
-        self._round_failures, self._round_rollouts = [], 0
+        self._round_failures, self._round_rollouts, self._round_resampled = [], 0, 0
 
 
 def _extract_prompt(text: str, original: str) -> str | None:
