@@ -60,11 +60,7 @@ def recipe_args(
     parser.add_argument(
         "--temperature", type=float, default=0.7, help="sampling temperature of training rollouts"
     )
-    parser.add_argument(
-        "--refill",
-        action="store_true",
-        help="dynamic sampling: set aside groups whose rewards tie and draw more tasks until a step has signal",
-    )
+    add_refill_option(parser)
     parser.add_argument(
         "--out", type=Path, default=None, help=f"output folder (default: results/{name}[-tiny])"
     )
@@ -136,6 +132,15 @@ def add_seed_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_refill_option(parser: argparse.ArgumentParser) -> None:
+    """``--refill``: ``GRPOConfig(refill=True)``."""
+    parser.add_argument(
+        "--refill",
+        action="store_true",
+        help="dynamic sampling: set aside groups whose rewards tie and draw more tasks until a step has signal",
+    )
+
+
 def add_teacher_options(parser: argparse.ArgumentParser) -> None:
     """``--teacher`` and its sampling budget: a warm start from a stronger model, no gold traces used."""
     teacher = parser.add_argument_group("warm start from a teacher instead of the gold-derived traces")
@@ -144,7 +149,8 @@ def add_teacher_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a stronger model: a local Hugging Face folder, an OpenAI-compatible base URL (http...), "
         "qwen-coder (Qwen2.5-Coder-0.5B-Instruct; make teacher-model installs it) or qwen-coder-1.5b "
-        "(make teacher-model SIZE=1.5b)",
+        "(make teacher-model SIZE=1.5b); or the teacher_traces.jsonl an earlier --teacher run wrote, to "
+        "learn from its kept conversations without calling the teacher again",
     )
     teacher.add_argument("--teacher-model", default=None, help="the model name a --teacher URL serves")
     teacher.add_argument(
@@ -354,8 +360,11 @@ def warm_start(recipe: Recipe, args: argparse.Namespace) -> WarmStart | agl.Teac
     return WarmStart(conversations=recipe.warm_start, tools=recipe.tools, **schedule)
 
 
-def teacher_warm_start(args: argparse.Namespace, **schedule: Any) -> agl.Teacher:
-    """The ``agl.Teacher`` that ``--teacher`` names, with the student's SFT ``schedule``."""
+def teacher_warm_start(args: argparse.Namespace, **schedule: Any) -> agl.Teacher | WarmStart:
+    """The ``agl.Teacher`` that ``--teacher`` names, with the student's SFT ``schedule``; for a
+    ``.jsonl`` file, the warm start on the traces it holds."""
+    if args.teacher.endswith(".jsonl"):
+        return WarmStart.from_jsonl(args.teacher, **schedule)
     if args.teacher.startswith(("http://", "https://")):
         where = {"endpoint": args.teacher}
     elif args.teacher in ("qwen-coder", "qwen-coder-1.5b"):

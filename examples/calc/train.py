@@ -30,7 +30,14 @@ from agl.algorithm.grpo import GRPO, GRPOConfig, LossConfig, WarmStart
 from agl.models import smollm2, tiny_model
 from examples.calc.agent import CALCULATOR, SYSTEM, calc_agent, calculate
 from examples.calc.tasks import make_tasks
-from examples.recipe import add_seed_options, add_teacher_options, plot, run_seeds, teacher_warm_start
+from examples.recipe import (
+    add_refill_option,
+    add_seed_options,
+    add_teacher_options,
+    plot,
+    run_seeds,
+    teacher_warm_start,
+)
 
 
 def tool_use_trace(task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,6 +131,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="output folder (default: results/calc, tiny: results/calc-tiny)",
     )
+    add_refill_option(parser)
     add_teacher_options(parser)
     args = parser.parse_args(argv)
     args.out = args.out or default_out("calc", args.model)
@@ -156,6 +164,7 @@ def main() -> None:
         loss=LossConfig(aggregation="token_mean"),
         precision=args.precision,
         seed=args.seed,
+        refill=args.refill,
         warm_start=warm_start(args, warm_tasks, sft_steps, sft_lr),
     )
     started = time.perf_counter()
@@ -193,6 +202,7 @@ def main() -> None:
         "split_seed": args.split_seed,
         "precision": args.precision,
         "temperature": args.temperature,
+        "refill": args.refill,
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))

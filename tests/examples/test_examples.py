@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -106,7 +107,8 @@ def test_calc_demo_teacher_option_replaces_the_gold_traces(tmp_path: Path) -> No
     """``--teacher`` gives the demo a warm start from a stronger model's rollouts: no gold trace used."""
     import agl
     from agl.algorithm.grpo import WarmStart
-    from examples.calc.train import calc_tasks, parse_args, warm_start
+    from examples.calc.agent import CALCULATOR
+    from examples.calc.train import calc_tasks, parse_args, tool_use_trace, warm_start
 
     _, _, warm_tasks = calc_tasks(0, 4)
     base = ["--model", "tiny", "--out", str(tmp_path)]
@@ -120,3 +122,12 @@ def test_calc_demo_teacher_option_replaces_the_gold_traces(tmp_path: Path) -> No
         2,
     )
     assert warm_start(parse_args([*base, "--teacher", "/models/big"]), warm_tasks, 0, 1e-5) is None
+    assert taught.keep is None
+    keep = parse_args([*base, "--teacher", "/models/big", "--teacher-keep", "tool-calls"])
+    assert cast(agl.Teacher, warm_start(keep, warm_tasks, 8, 1e-5)).keep is agl.Teacher.calls_a_tool
+    # an earlier run's kept traces: the same lesson, the teacher not called again
+    traces = tmp_path / "teacher_traces.jsonl"
+    traces.write_text(json.dumps({"messages": tool_use_trace(warm_tasks[0]), "tools": [CALCULATOR]}) + "\n")
+    reused = warm_start(parse_args([*base, "--teacher", str(traces), "--seed", "1"]), warm_tasks, 8, 1e-5)
+    assert isinstance(reused, WarmStart) and (len(reused.conversations), reused.seed) == (1, 1)
+    assert reused.conversations[0] == tool_use_trace(warm_tasks[0])
