@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -30,9 +31,9 @@ class Bed:
         return APOConfig(critic=critic, editor=editor, **overrides)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-async def bed(request: pytest.FixtureRequest) -> AsyncIterator[Bed]:
-    model = SimulatedLM(**getattr(request, "param", {}))
+@contextlib.asynccontextmanager
+async def serving(model: SimulatedLM) -> AsyncIterator[Bed]:
+    """The simulated LM over HTTP, a store holding the base prompt, and a runner serving its queue."""
     with SimulatedLMServer(model) as server:
         store = InMemoryLightningStore()
         await store.add_resources(
@@ -46,6 +47,12 @@ async def bed(request: pytest.FixtureRequest) -> AsyncIterator[Bed]:
         yield Bed(server, store)
         runner.stop()
         await task
+
+
+@pytest.fixture
+async def bed(request: pytest.FixtureRequest) -> AsyncIterator[Bed]:
+    async with serving(SimulatedLM(**getattr(request, "param", {}))) as served:
+        yield served
 
 
 async def test_apo_finds_the_known_best_prompt(bed: Bed) -> None:
@@ -111,20 +118,9 @@ async def test_rollouts_lost_to_a_model_outage_run_again_instead_of_scoring_zero
     config = bed.config(rounds=2, beam_width=1, branch_factor=1, minibatch_size=3)
     result = await APO(config).run(bed.store, [t.as_input() for t in train], [t.as_input() for t in val])
     assert result.rollouts_resampled > 0
-    with SimulatedLMServer(SimulatedLM()) as server:
-        store = InMemoryLightningStore()
-        await store.add_resources(
-            {
-                "llm": LLM(endpoint=server.base_url, model="task"),
-                "prompt": PromptTemplate(template=BASE_PROMPT),
-            }
-        )
-        runner = agl.Runner(price_agent, store, max_concurrency=8, poll_interval_s=0.01)
-        task = asyncio.create_task(runner.run())
-        quiet = Bed(server, store).config(rounds=2, beam_width=1, branch_factor=1, minibatch_size=3)
-        clean = await APO(quiet).run(store, [t.as_input() for t in train], [t.as_input() for t in val])
-        runner.stop()
-        await task
+    async with serving(SimulatedLM()) as quiet:
+        config = quiet.config(rounds=2, beam_width=1, branch_factor=1, minibatch_size=3)
+        clean = await APO(config).run(quiet.store, [t.as_input() for t in train], [t.as_input() for t in val])
     assert clean.rollouts_resampled == 0
     assert [(c.template, c.score) for c in result.history] == [(c.template, c.score) for c in clean.history]
     assert result.rollouts_used == clean.rollouts_used + result.rollouts_resampled
