@@ -17,6 +17,8 @@ From those curves: the time each side took to reach each ``--targets`` score and
 agl's time over TRL's (the goal: <= 0.5). Seeds change the training (task order, sampling), never the held-out set.
 
     python benchmarks/time_to_accuracy.py                                   # SmolLM2, 2 seeds
+    python benchmarks/time_to_accuracy.py --seeds 0 --out DIR --no-save     # a seed a command (over an hour each),
+    python benchmarks/time_to_accuracy.py --seeds 0,1 --out DIR --reuse     # ... then one report of both
     python benchmarks/time_to_accuracy.py --model tiny --steps 2 --eval-every 1 --test 4 --seeds 0 --no-save
 """
 
@@ -43,6 +45,23 @@ from benchmarks import _tool_task as tool_task  # noqa: E402
 SIDES = ("fit", "trl")
 HELD_OUT_SEED = 10_000  # the held-out tasks' seed: fixed, whatever the training seed
 WARM_START_SEED = 1000  # the shared starting model's, likewise (apart from the training seeds' tasks)
+
+#: what a seed's run depends on besides the seed: a run reused with ``--reuse`` must match them all
+RUN_SETTINGS = (
+    "model",
+    "steps",
+    "eval_every",
+    "test",
+    "prompts",
+    "group",
+    "lr",
+    "temperature",
+    "max_tokens",
+    "turns",
+    "warm_steps",
+    "precision",
+    "threads",
+)
 
 
 def side_args(args: argparse.Namespace, seed: int) -> argparse.Namespace:
@@ -145,6 +164,19 @@ def compare(curves: dict[str, list[dict[str, Any]]], targets: list[float]) -> di
     return out
 
 
+def reused_run(path: Path, settings: dict[str, str]) -> dict[str, Any] | None:
+    """A seed's finished run from ``path`` (``--reuse``); None if there is none. A run made with other
+    settings is refused rather than mixed into this report."""
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    differ = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
+    if differ:
+        raise SystemExit(f"--reuse: {path} was made with other settings (saved, now): {differ}")
+    run: dict[str, Any] = saved["run"]
+    return run
+
+
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
     """Accuracy against training wall seconds and CPU seconds, one line per side and seed."""
     import matplotlib
@@ -205,8 +237,16 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)"
     )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a seed's finished run from --out (its run.json, made with the same settings) instead of "
+        "running it again: seeds run as separate commands, then one command with all of them reports together",
+    )
     _results.add_arguments(parser)
     args = parser.parse_args()
+    if args.reuse and args.out is None:
+        parser.error("--reuse reads finished runs from --out: pass --out DIR")
     for name in ("steps", "eval_every", "test", "prompts", "group", "max_tokens", "turns"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -227,8 +267,13 @@ def main() -> None:
     test = tool_task.make_pool(args.test, HELD_OUT_SEED)
     work = args.out or Path(tempfile.mkdtemp(prefix="agl-tta-"))
     runs = []
+    settings = {name: str(getattr(args, name)) for name in RUN_SETTINGS}
     for seed in seeds:
         out = work / f"seed-{seed}"
+        if args.reuse and (finished := reused_run(out / "run.json", settings)) is not None:
+            print(f"seed {seed}: reusing the finished run in {out}", flush=True)
+            runs.append(finished)
+            continue
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
         pool = tool_task.make_pool(args.steps * args.prompts, seed)  # the fit side's own draw of it
@@ -247,6 +292,7 @@ def main() -> None:
         curves = {side: curve(sides[side], scores, side, scores["start"]) for side in SIDES}
         run = {"seed": seed, "curves": curves, **compare(curves, targets)}
         runs.append(run)
+        (out / "run.json").write_text(json.dumps({"settings": settings, "run": run}, indent=1))
         for key, row in run["targets"].items():
             print(f"seed {seed}: target {key}: {json.dumps(row)}", flush=True)
     plot(runs, work / "time_to_accuracy.png")

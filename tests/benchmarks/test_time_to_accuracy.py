@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.time_to_accuracy import compare, time_to
+from benchmarks.time_to_accuracy import compare, reused_run, time_to
 
 ROOT = Path(__file__).resolve().parents[2]
 TRL_PYTHON = Path(os.environ.get("AGL_TRL_VENV") or ROOT / ".venv-trl") / "bin" / "python"
@@ -42,6 +42,15 @@ def test_compare_times_each_target_and_the_best_both_sides_reached() -> None:
     assert list(compare(flat, [0.5])["targets"]) == ["0.500"]
 
 
+def test_a_finished_seed_is_reused_only_with_the_same_settings(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    assert reused_run(path, {"steps": "20"}) is None  # not run yet: run it
+    path.write_text(json.dumps({"settings": {"steps": "20"}, "run": {"seed": 0, "best_both": 0.5}}))
+    assert reused_run(path, {"steps": "20"}) == {"seed": 0, "best_both": 0.5}
+    with pytest.raises(SystemExit, match="other settings.*'steps': \\('20', '12'\\)"):
+        reused_run(path, {"steps": "12"})
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.optional_dependency("trl")
@@ -70,3 +79,5 @@ def test_both_sides_save_on_schedule_and_one_evaluator_scores_them(tmp_path: Pat
         assert all(p["rollouts"] == 2 and 0 <= p["accuracy"] <= 1 for p in curve)
     assert (tmp_path / "runs" / "seed-0" / "trl" / "step-2" / "config.json").exists()
     assert (tmp_path / "runs" / "time_to_accuracy.png").stat().st_size > 10_000
+    saved = json.loads((tmp_path / "runs" / "seed-0" / "run.json").read_text())
+    assert saved["run"] == run and saved["settings"]["steps"] == "2"  # what --reuse reads back
