@@ -39,6 +39,31 @@ class _WorkerArgs:
     log_level: str
 
 
+def load_attr(spec: str, what: str, *, example: str) -> Any:
+    """The object ``module:attr`` names (``attr`` may be dotted: ``agl:Teacher.calls_a_tool``), the working
+    directory importable as for ``python -m``.
+
+    Raises:
+        ValueError: ``spec`` is not ``module:attr``, the module does not import, or it lacks the attribute;
+            the message starts with ``what`` (the flag or config key).
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{what} wants module:attr (e.g. {example}), got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{what} {spec}: cannot import {module_name!r}: {exc}") from exc
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"{what} {spec}: {module_name!r} has no attribute {attr!r}")
+        target = getattr(target, part)
+    return target
+
+
 def load_agent(spec: str) -> Any:
     """The ``LitAgent`` that ``module:attr`` names: an ``@agl.rollout`` function, a LitAgent or LitAgent class.
 
@@ -47,20 +72,7 @@ def load_agent(spec: str) -> Any:
     """
     from agl.agent.base import LitAgent, rollout
 
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"--agent wants module:attr (e.g. my_agents:solve), got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"--agent {spec}: cannot import {module_name!r}: {exc}") from exc
-    target: Any = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            raise ValueError(f"--agent {spec}: {module_name!r} has no attribute {attr!r}")
-        target = getattr(target, part)
+    target = load_attr(spec, "--agent", example="my_agents:solve")
     if inspect.isclass(target) and issubclass(target, LitAgent):
         try:
             target = target()

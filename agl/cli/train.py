@@ -10,6 +10,7 @@ the production traffic a gateway recorded instead (:mod:`agl.trainer.online`; ``
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
 import importlib
@@ -196,6 +197,8 @@ def build(hint: Any, value: Any, where: str) -> Any:
     targets = _structured(hint)
     if value is None and targets and type(None) in typing.get_args(hint):  # warm_start: null
         return None
+    if isinstance(value, str) and _takes_a_function(hint):  # keep: agl:Teacher.calls_a_tool
+        return _function(value, where)
     if isinstance(value, dict) and targets:
         fields: dict[str, Field] = {}
         for target in targets:  # a union of several: keys of any member
@@ -221,6 +224,26 @@ def build(hint: Any, value: Any, where: str) -> Any:
         raise _pydantic_problem(exc, where) from exc
     except (ConfigError, ValueError, TypeError) as exc:
         raise ConfigProblem(f"{where}: {exc}") from exc
+
+
+def _takes_a_function(hint: Any) -> bool:
+    """Whether ``hint`` is a ``Callable`` (or a union with one): a config names it as ``module:attr``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_takes_a_function(arg) for arg in typing.get_args(hint))
+    return hint is collections.abc.Callable or typing.get_origin(hint) is collections.abc.Callable
+
+
+def _function(spec: str, where: str) -> Any:
+    """The function a config's ``module:attr`` names (imported as ``--agent`` is)."""
+    from agl.cli.runner import load_attr
+
+    try:
+        target = load_attr(spec, where, example="agl:Teacher.calls_a_tool")
+    except ValueError as exc:
+        raise ConfigProblem(str(exc)) from exc
+    if not callable(target) or isinstance(target, type):
+        raise ConfigProblem(f"{where}: {spec} is a {type(target).__name__}, not a function")
+    return target
 
 
 def _takes(target: Any, value: Mapping[str, Any]) -> bool:
@@ -266,6 +289,8 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if inspect.isfunction(value) and "<" not in value.__qualname__:  # as a config names it: module:attr
+        return f"{value.__module__}:{value.__qualname__}"
     return str(value)
 
 

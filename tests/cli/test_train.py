@@ -199,6 +199,36 @@ def test_a_teacher_warm_start_comes_from_the_config_and_keeps_its_key_out_of_it(
         )
 
 
+def test_a_config_names_the_teachers_keep_test_as_module_attr_and_saves_it_so() -> None:
+    teacher = "{path: /models/big, keep: 'agl:Teacher.calls_a_tool'}"
+    run = plan(merge(None, {"algorithm": "grpo"}, ["grpo.model_path=m", f"grpo.warm_start={teacher}"]))
+    assert run.algorithm_config.warm_start.keep is agl.Teacher.calls_a_tool
+    saved = run.resolved["grpo"]["warm_start"]["keep"]
+    assert saved == "agl.algorithm.teacher:Teacher.calls_a_tool"  # the saved config loads back the same
+    again = plan(
+        merge(
+            None,
+            {"algorithm": "grpo"},
+            ["grpo.model_path=m", f"grpo.warm_start={{path: m, keep: '{saved}'}}"],
+        )
+    )
+    assert again.algorithm_config.warm_start.keep is agl.Teacher.calls_a_tool
+    for spec, problem in [
+        ("calls_a_tool", "grpo.warm_start.keep wants module:attr"),
+        ("no_such_module:f", "cannot import 'no_such_module'"),
+        ("agl:Teacher.nope", "'agl' has no attribute 'Teacher.nope'"),
+        ("agl:Teacher", "agl:Teacher is a type, not a function"),
+    ]:
+        with pytest.raises(ConfigProblem, match=problem):
+            plan(
+                merge(
+                    None,
+                    {"algorithm": "grpo"},
+                    ["grpo.model_path=m", f"grpo.warm_start={{path: m, keep: '{spec}'}}"],
+                )
+            )
+
+
 def test_from_store_sets_sfts_offline_field_and_needs_no_train_file() -> None:
     settings = merge(None, {"algorithm": "sft"}, ["sft.model_path=m"], from_store="sqlite:///runs/a/store.db")
     run = plan(settings)
