@@ -132,12 +132,14 @@ def add_seed_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_refill_option(parser: argparse.ArgumentParser) -> None:
-    """``--refill``: ``GRPOConfig(refill=True)``."""
+def add_refill_option(parser: argparse.ArgumentParser, *, default: bool = False) -> None:
+    """``--refill`` / ``--no-refill``: ``GRPOConfig(refill=...)``, on or off by default as the script chose."""
     parser.add_argument(
         "--refill",
-        action="store_true",
-        help="dynamic sampling: set aside groups whose rewards tie and draw more tasks until a step has signal",
+        action=argparse.BooleanOptionalAction,
+        default=default,
+        help="dynamic sampling: set aside groups whose rewards tie and draw more tasks until a step has signal "
+        f"(default: {'on' if default else 'off'})",
     )
 
 
