@@ -11,8 +11,9 @@ engine; measure again. Writes ``curve.png``, ``summary.json``, ``metrics.csv``, 
 trained model to ``--out``; a rerun replaces the previous run's store there.
 
 Defaults (SmolLM2 / tiny): 10 / 2 GRPO steps of 6 / 2 tasks, 8 / 2 warm-start steps, 64 / 8
-held-out tasks, learning rate 2e-5 / 1e-4. ``--seed`` changes training only (sampling, task order, the
-tiny model's init); the tasks and the held-out set come from ``--split-seed`` (default 0).
+held-out tasks, learning rate 2e-5 / 1e-4, refill on (``--no-refill``: a step whose groups all tie trains
+nothing). ``--seed`` changes training only (sampling, task order, the tiny model's init); the tasks and the
+held-out set come from ``--split-seed`` (default 0).
 """
 
 from __future__ import annotations
