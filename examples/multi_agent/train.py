@@ -3,8 +3,8 @@ or both agents at once, each with its own LoRA adapter on one base model.
 
     python -m examples.multi_agent.train                 # SmolLM2: base, SFT warm start, GRPO on the solver
     python -m examples.multi_agent.train --model tiny    # a fast smoke run of the whole loop
-    python -m examples.multi_agent.train --agents solver,checker --lr 1e-4 --sft-lr 2e-4 --out results/team
-    python -m examples.multi_agent.train --agents solver --lora-rank 16 --lr 1e-4 --sft-lr 2e-4 --out results/solo
+    python -m examples.multi_agent.train --agents solver,checker --lr 1e-4 --sft-lr 2e-3 --out results/team
+    python -m examples.multi_agent.train --agents solver --lora-rank 16 --lr 1e-4 --sft-lr 2e-3 --out results/solo
 
 The last two compare the team (a LoRA adapter per agent) with the solver alone (the same LoRA).
 
@@ -13,8 +13,8 @@ model, called through its own agent endpoint, and its calls never enter a batch.
 solver,checker`` each agent gets a LoRA adapter (``--lora-rank``, default 16) that learns from its own calls
 only and serves them through its agent endpoint; the warm start's solver traces train the solver's adapter.
 LoRA moves less per step than full fine-tuning at one learning rate, so the LoRA runs above take larger
-ones (untuned); compare the team against the solver-alone LoRA run, which differs only
-in the checker's adapter.
+ones (at a warm-start rate of 2e-4 the solver's adapter learnt nothing; at 2e-3 it reaches 64-72% held-out,
+seed 0); compare the team against the solver-alone LoRA run, which differs only in the checker's adapter.
 The summary counts each agent's recorded and trainable calls from the run's store. Reports the team's
 held-out accuracy at each phase, with ``curve.png`` and ``summary.json`` under ``--out`` (default
 ``results/multi_agent[-tiny]``).
