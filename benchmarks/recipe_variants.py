@@ -122,6 +122,7 @@ def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
         "seed": seed,
         **{k: summary.get(k, summary.get(CALC_SCORES[k])) for k in SCORES},
         "warm_start_from": summary.get("warm_start_from"),
+        "precision": summary.get("precision"),
         **kept_traces(out / stem / "teacher_traces.jsonl"),  # the conversations the student learnt from
         **steps_of(out / stem / "metrics.csv"),
         **resources,
@@ -172,6 +173,8 @@ def main() -> None:
         finished = [r for r in mine if "failed" not in r]
         summary[variant] = {k: _results.spread(finished or mine, k) for k in keys}
         summary[variant]["failed_runs"] = len(mine) - len(finished)
+        # the precision each run resolved "auto" to: a variant's seeds on different CPUs may differ
+        summary[variant]["precision"] = sorted({str(r.get("precision")) for r in finished})
         print(variant, json.dumps(summary[variant]))
     for variant in variants:  # a result per variant, each with every variant's summary beside it
         mine = [r for r in runs if r["variant"] == variant]

@@ -337,7 +337,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace) -> dict[str, Any]:
         "wall_time_s": round(wall, 1),
         "seed": args.seed,
         "split_seed": args.split_seed,
-        "precision": args.precision,
+        "precision": result.get("precision", args.precision),  # "auto" resolved
         # held-out replies cut off at the agent's max_tokens (a reply that loops never ends), per phase
         "held_out_cut_off_rate": {
             phase: behaviour.get("val_behaviour_cut_off_rate")

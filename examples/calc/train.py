@@ -132,7 +132,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="output folder (default: results/calc, tiny: results/calc-tiny)",
     )
-    # on by default: over seeds 0-2 it lifts the demo from 74% to 96% held-out after GRPO (gold warm start, fp32; BENCHMARKS.md)
+    # on by default: over seeds 0-2 it lifts the demo from 74% to 96% held-out after GRPO
+    # (gold warm start, fp32; BENCHMARKS.md, recipe_variants calc-goldrefill)
     add_refill_option(parser, default=True)
     add_teacher_options(parser)
     args = parser.parse_args(argv)
@@ -202,7 +203,7 @@ def main() -> None:
         "wall_time_s": round(wall, 1),
         "seed": args.seed,
         "split_seed": args.split_seed,
-        "precision": args.precision,
+        "precision": result.get("precision", args.precision),  # "auto" resolved
         "temperature": args.temperature,
         "refill": args.refill,
     }

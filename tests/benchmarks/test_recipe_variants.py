@@ -23,6 +23,7 @@ def _run(out: Path, stem: str, after: float, samples: list[int], refill: list[in
     """A run folder as a recipe leaves it, and its ``/usr/bin/time -v`` log beside it."""
     (out / stem).mkdir(parents=True)
     summary = {"test_base": 0.0, "test_after_warm_start": 0.5, "test_after_grpo": after, "test_teacher": None}
+    summary["precision"] = "bf16"  # as the recipe resolved "auto"
     (out / stem / "summary.json").write_text(json.dumps(summary))
     rows = ["step,samples,merged_fraction,refill_rollouts", "0,,,"]
     rows += [f"{i + 1},{n},1.0,{r}" for i, (n, r) in enumerate(zip(samples, refill, strict=True))]
@@ -65,6 +66,7 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
         summary["refill"]["steps_without_update"]["max"] == 0.0 and summary["refill"]["test_teacher"] is None
     )
     assert plain["runs"][0]["cpu_s"] == 100.0 and plain["runs"][0]["peak_rss_gb"] == 3.0
+    assert plain["runs"][0]["precision"] == "bf16" and summary["plain"]["precision"] == ["bf16"]
 
     _run(tmp_path, "sql-broken-s0", 0.0, [8], [0], status=1)
     failed = _bench(

@@ -307,6 +307,8 @@ class GRPO(Algorithm):
             "val_failures_before": dict(self.baseline_failures.by_class),
             "val_failures_after": dict(self.val_failures_after.by_class),
             "steps": cfg.steps,
+            # what "auto" resolved to on this machine (bf16 only where the CPU has native bf16)
+            "precision": getattr(self.policy, "precision", cfg.precision),
             "history": self.history,
             "phases": {**phases, "after_grpo": val_after},
             # held-out behaviour at each phase: calls per rollout, tool-call share, replies cut off at max_tokens
