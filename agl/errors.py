@@ -11,8 +11,10 @@
     │   └── StoreUnavailableError  the backend or server cannot be reached
     ├── GatewayError
     ├── JudgeError                 a reward judge gave no usable scores for a group (``agl.rewards.Judge``)
+    ├── TeacherError               a distillation teacher could not score a step's tokens
     ├── AgentError
     │   ├── NoActiveRolloutError   an emitter called outside a rollout
+    │   ├── RolloutsFailedError    every rollout of the first step (or the baseline) failed: nothing to learn
     │   └── RewardError            the reward could not be computed (a rollout failure of class ``reward``)
     └── ConfigError                bad arguments or a missing optional dependency
         └── InvalidRequestError    a bad field in a model request (``param`` names it)
@@ -97,6 +99,10 @@ class AgentError(AglError):
 
 class NoActiveRolloutError(AgentError):
     """An emitter was called outside of a rollout and no local-only span was requested."""
+
+
+class RolloutsFailedError(AgentError):
+    """Every rollout of the first step (or of the baseline evaluation) failed: training would learn nothing."""
 
 
 class RewardError(AgentError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agl import semconv as sc
-from agl.errors import AgentError
+from agl.errors import RolloutsFailedError
 from agl.failures import FAILURE_CLASSES, FailureClass, stored_class
 from agl.schemas import Attempt, AttemptStatus, Rollout, RolloutStatus, Span
 from agl.store.base import LightningStore
@@ -25,10 +25,6 @@ log = logging.getLogger(__name__)
 
 ERROR_CHARS = 160  # the first error as the console line shows it; the exception keeps more
 ZERO_VARIANCE_SHARE = 0.9  # a step with at least this share of flat groups trains (almost) nothing
-
-
-class RolloutsFailedError(AgentError):
-    """Every rollout of the first step (or of the baseline evaluation) failed: training would learn nothing."""
 
 
 @dataclass(frozen=True)
