@@ -22,6 +22,7 @@ from benchmarks._grpo_summary import (
     ratios,
     require_same_samples,
     sample_mismatches,
+    split_steps,
     table,
     trained_rollouts,
     variant_name,
@@ -254,6 +255,20 @@ def test_trained_rollouts_leave_groups_whose_rewards_tie_out() -> None:
     varied = [_seen("g2", 1.0, 20), _seen("g2", 0.0995, 30)]
     trained = trained_rollouts(tied + varied)
     assert trained == varied and sum(s.tokens for s in trained) == 50
+
+
+def test_rollouts_go_to_the_step_grpo_enqueued_them_for_not_their_finishing_order() -> None:
+    # async GRPO enqueues two steps' rollouts at once: step 2's can finish before step 1's last
+    finished = [Seen(0.0, f"t{i}", 1, 0.0, f"g{i}", step) for i, step in enumerate([1, 2, 1, 2])]
+    assert [[s.task_id for s in chunk] for chunk in split_steps(finished, 2, 2)] == [
+        ["t0", "t2"],
+        ["t1", "t3"],
+    ]
+    unmarked = [Seen(0.0, f"t{i}", 1, 0.0, f"g{i}", None) for i in range(4)]  # no step recorded: in order
+    assert [[s.task_id for s in chunk] for chunk in split_steps(unmarked, 2, 2)] == [
+        ["t0", "t1"],
+        ["t2", "t3"],
+    ]
 
 
 @pytest.mark.parametrize(
