@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, TypeVar, overload
 
 from agl import semconv as sc
-from agl.errors import AgentError, RewardError
+from agl.errors import AgentError, RewardError, install_command
 from agl.schemas import Span, SpanLink, SpanStatus, StatusCode
 from agl.tracer.context import RolloutContext, agent_context, current_agent, current_rollout
 
@@ -212,8 +212,9 @@ def agent_scope(name: str) -> Iterator[None]:
     if "openai" not in instrument("openai"):  # once per process
         logging.getLogger(__name__).warning(
             "agent_scope(%r): openinference-instrumentation-openai is not installed, so gateway calls "
-            "cannot be matched to the scope; pip install 'agl[integrations]' or use llm.endpoint_for(%r)",
+            "cannot be matched to the scope; %s or use llm.endpoint_for(%r)",
             name,
+            install_command("integrations"),
             name,
         )
     tracer = tracer_provider().get_tracer("agl.emit")

@@ -24,6 +24,8 @@ Every error carries the ``rollout_id`` and ``attempt_id`` it concerns, when ther
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class AglError(Exception):
     """Root of every error agl raises on purpose."""
@@ -114,9 +116,18 @@ class ConfigError(AglError):
     """Invalid configuration, or an optional dependency is missing."""
 
 
+def install_command(extra: str) -> str:
+    """The pip command that installs agl's ``extra``: from the index, or, when agl runs from a clone (an
+    editable install), from that clone, where ``pip install 'agl[...]'`` would fetch another agl."""
+    clone = Path(__file__).resolve().parents[1]
+    if (clone / "pyproject.toml").is_file():
+        return f"pip install -e '{clone}[{extra}]'"
+    return f"pip install 'agl[{extra}]'"
+
+
 def missing_extra(package: str, extra: str) -> ConfigError:
     """The error to raise when an optional dependency is not installed."""
-    return ConfigError(f"{package} is not installed; install it with `pip install 'agl[{extra}]'`.")
+    return ConfigError(f"{package} is not installed; install it with `{install_command(extra)}`.")
 
 
 class InvalidRequestError(ConfigError):

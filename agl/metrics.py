@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from agl.errors import install_command
 from agl.failures import FAILURE_CLASSES as _FAILURE_CLASSES
 from agl.trackers import Tracker, check_names, close_trackers, default_trackers, log_all, start_trackers
 
@@ -155,7 +156,7 @@ class MetricsLogger:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            log.info("no curve plot: matplotlib is not installed (pip install 'agl[train]')")
+            log.info("no curve plot: matplotlib is not installed (%s)", install_command("train"))
             return None
         target = Path(path) if path is not None else self.out_dir / "curve.png"
         panels = curve_panels(list(series))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from agl.errors import ConfigError
+from agl.errors import ConfigError, install_command
 
 
 class TrackerWarning(UserWarning):
@@ -116,14 +116,14 @@ class MLflowTracker:
 
 # name -> (class, what fixes a failed start)
 TRACKERS: dict[str, tuple[Callable[[Path], Tracker], str]] = {
-    "tensorboard": (TensorBoardTracker, "pip install 'agl[train]' (torch and tensorboard)"),
+    "tensorboard": (TensorBoardTracker, f"{install_command('train')} (torch and tensorboard)"),
     "wandb": (
         WandbTracker,
-        "pip install 'agl[trackers]' and set WANDB_API_KEY (or WANDB_MODE=offline to log locally)",
+        f"{install_command('trackers')} and set WANDB_API_KEY (or WANDB_MODE=offline to log locally)",
     ),
     "mlflow": (
         MLflowTracker,
-        "pip install 'agl[trackers]'; check MLFLOW_TRACKING_URI (unset: SQLite under the output dir)",
+        f"{install_command('trackers')}; check MLFLOW_TRACKING_URI (unset: SQLite under the output dir)",
     ),
 }
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from agl.agent.base import LitAgent
 from agl.algorithm.base import TrainingContext
-from agl.errors import AglError, ConfigError
+from agl.errors import AglError, ConfigError, install_command
 from agl.schemas import AttemptStatus, WorkerStatus
 from agl.store.client import LightningStoreClient
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_NO_RAY = "agl.trainer.ray needs Ray: pip install 'agl[ray]' (ray>=2.9)"
+_NO_RAY = f"agl.trainer.ray needs Ray: {install_command('ray')} (ray>=2.9)"
 
 
 def _ray() -> Any:
