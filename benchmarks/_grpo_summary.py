@@ -53,7 +53,8 @@ def trained_rollouts(chunk: list[Seen]) -> list[Seen]:
 
 # ----- precision -------------------------------------------------------------------------------------------------
 def agl_precision(args: argparse.Namespace) -> str:
-    """agl's precision on the CPU: ``--precision`` (``auto`` resolves as agl does: fp32 unless AGL_PRECISION)."""
+    """agl's precision on the CPU: ``--precision`` (``auto`` resolves as agl does: bf16 on a CPU with native
+    bf16, else fp32; AGL_PRECISION overrides)."""
     from agl.compute.precision import resolve_precision
 
     return resolve_precision(args.precision, "cpu")

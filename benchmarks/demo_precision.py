@@ -1,7 +1,7 @@
 """The calc demo's held-out accuracy in bf16 and fp32 over training seeds: base, after the warm start, after GRPO.
 
-Each (precision, seed) is one `python -m examples.calc.train --seed S` process under `/usr/bin/time -v`, with
-`AGL_PRECISION` set, run one after another so they never share the cores; the held-out split is the same for
+Each (precision, seed) is one `python -m examples.calc.train --seed S --precision P` process under
+`/usr/bin/time -v`, run one after another so they never share the cores; the held-out split is the same for
 every seed (`--split-seed 0`). Reports per run the three accuracies, CPU seconds (user + system) and peak RSS,
 and per precision the mean and range.
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +30,9 @@ def run_one(out: Path, precision: str, seed: int, model: str) -> None:
     """One demo run into ``out/calc-<precision>-s<seed>`` with its ``/usr/bin/time -v`` log beside it."""
     run_dir = out / f"calc-{precision}-s{seed}"
     command = ["/usr/bin/time", "-v", sys.executable, "-m", "examples.calc.train", "--seed", str(seed)]
-    command += ["--model", model, "--out", str(run_dir)]
-    env = {**os.environ, "AGL_PRECISION": precision}
+    command += ["--model", model, "--out", str(run_dir), "--precision", precision]
     with (out / f"calc-{precision}-s{seed}.log").open("w") as log:
-        subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, check=False, cwd=_results.ROOT)
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False, cwd=_results.ROOT)
 
 
 def read_run(out: Path, precision: str, seed: int) -> dict[str, Any]:
@@ -55,7 +53,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", default="0,1,2", help="training seeds, comma-separated")
-    parser.add_argument("--precisions", default="bf16,fp32", help="AGL_PRECISION values, comma-separated")
+    parser.add_argument("--precisions", default="bf16,fp32", help="--precision values, comma-separated")
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--out", type=Path, default=Path("results/demo_precision"), help="the runs' folders")
     parser.add_argument("--logs", type=Path, default=None, help="read runs already in DIR; run nothing")

@@ -644,7 +644,7 @@ def main() -> None:
         "--precision",
         choices=["auto", "fp32", "bf16"],
         default="fp32",
-        help="agl's GRPOConfig.precision (auto: agl's default, fp32 unless AGL_PRECISION says bf16)",
+        help="agl's GRPOConfig.precision (auto: agl's default, bf16 on a CPU with native bf16, else fp32)",
     )
     parser.add_argument(
         "--trl-precision",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,13 +33,10 @@ def train_warm_start(out: Path, precision: str, seed: int, model: str) -> Path:
     """The demo with no GRPO step (its warm start alone) trained in ``precision``; returns its run folder."""
     run_dir = out / f"warm-{precision}-s{seed}"
     command = [sys.executable, "-m", "examples.calc.train", "--steps", "0", "--seed", str(seed)]
-    command += ["--model", model, "--out", str(run_dir)]
+    command += ["--model", model, "--out", str(run_dir), "--precision", precision]
     log = out / f"warm-{precision}-s{seed}.log"
     with log.open("w") as sink:
-        done = subprocess.run(
-            command, env={**os.environ, "AGL_PRECISION": precision}, stdout=sink, stderr=subprocess.STDOUT,
-            cwd=_results.ROOT, check=False,
-        )  # fmt: skip
+        done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, cwd=_results.ROOT, check=False)
     if done.returncode != 0:
         raise SystemExit(f"the warm start in {precision}, seed {seed} failed: see {log}")
     return run_dir

@@ -100,9 +100,9 @@ class Recipe:
     report: Callable[[Path, int], dict[str, Any]] | None = None  # extra summary fields from the run's store
 
 
-def add_seed_options(parser: argparse.ArgumentParser) -> None:
+def add_seed_options(parser: argparse.ArgumentParser, *, precision: str = "auto") -> None:
     """``--seed`` (training), ``--split-seed`` (the data and held-out split), ``--seeds``/``--result`` (one
-    run per seed and their spread), ``--precision``."""
+    run per seed and their spread), ``--precision`` (default ``precision``, as the script measured best)."""
     parser.add_argument(
         "--seed", type=int, default=0, help="training seed: sampling, task order, model init (tiny)"
     )
@@ -127,8 +127,9 @@ def add_seed_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16"],
-        default="auto",
-        help="policy and engine matmul precision (auto: bf16 on a CPU with native bf16, else fp32; AGL_PRECISION overrides)",
+        default=precision,
+        help=f"policy and engine matmul precision (default: {precision}; auto: bf16 on a CPU with native "
+        "bf16, else fp32, and AGL_PRECISION overrides it)",
     )
 
 
