@@ -22,8 +22,8 @@ TIME_LOG = """\
 def _run(out: Path, stem: str, after: float, samples: list[int], refill: list[int], status: int = 0) -> None:
     """A run folder as a recipe leaves it, and its ``/usr/bin/time -v`` log beside it."""
     (out / stem).mkdir(parents=True)
-    summary = {"test_base": 0.0, "test_after_warm_start": 0.5, "test_after_grpo": after, "test_teacher": None}
-    summary["precision"] = "bf16"  # as the recipe resolved "auto"
+    summary: dict[str, object] = {"test_base": 0.0, "test_after_warm_start": 0.5, "test_after_grpo": after}
+    summary |= {"test_teacher": None, "precision": "bf16"}  # precision: as the recipe resolved "auto"
     (out / stem / "summary.json").write_text(json.dumps(summary))
     rows = ["step,samples,merged_fraction,refill_rollouts", "0,,,"]
     rows += [f"{i + 1},{n},1.0,{r}" for i, (n, r) in enumerate(zip(samples, refill, strict=True))]
