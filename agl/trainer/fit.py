@@ -266,6 +266,7 @@ async def _teacher_upstream(
     """The gateway's upstream for the teacher, under its own model name: its endpoint, or a frozen
     built-in engine fit starts for its folder (stopped with the rest, or by the release this returns
     with it, once the algorithm has the teacher's traces)."""
+    from agl.compute.memory import release_free_memory
     from agl.engines.launch import start_engines
     from agl.gateway.config import UpstreamConfig
 
@@ -288,6 +289,7 @@ async def _teacher_upstream(
         await asyncio.to_thread(served.stop)
         served.replicas.clear()  # the engines' weights and caches go with their last references
         gc.collect()
+        release_free_memory()  # glibc would hold the freed weights for reuse: hand them to the OS
         log.info("the teacher's engine is stopped: its memory goes to training")
 
     upstream = served.upstreams[0]

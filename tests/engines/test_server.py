@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -255,3 +257,16 @@ def test_other_bad_requests(server: EngineServer, tmp_path: Path) -> None:
             model="tiny", messages=HELLO, temperature=-2
         )
     assert httpx.get(f"{server.url}/health").json()["model_version"] == "v0"
+
+
+def test_a_stopped_server_lets_its_engine_and_weights_go(tiny_path: Path) -> None:
+    """Nothing outside the server keeps its engine alive (FastAPI caches route functions process-wide),
+    so stopping a teacher's or an evaluated model's engine frees its weights."""
+    with EngineServer(tiny_path, max_batch_size=2) as srv:
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        assert httpx.post(f"{srv.base_url}/chat/completions", json=chat, timeout=60).status_code == 200
+        assert httpx.get(f"{srv.url}/health", timeout=10).status_code == 200
+        engine = weakref.ref(srv.engine)
+    del srv
+    gc.collect()
+    assert engine() is None

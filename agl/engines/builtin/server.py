@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -183,6 +183,14 @@ class _BearerAuth:
         await self.app(scope, receive, send)
 
 
+async def _served(request: Request) -> Engine:
+    """The app's engine, for each route. Routes take it from the app instead of closing over it because
+    FastAPI's module-level caches keep route functions alive after their app is gone (up to 4,096 of them):
+    a closure there would keep a stopped engine's weights in memory for the rest of the process."""
+    engine: Engine = request.app.state.engine
+    return engine
+
+
 def build_app(engine: Engine, token: str | None = None) -> FastAPI:
     """The FastAPI app serving ``engine``; with ``token`` every route but ``/health`` needs it."""
 
@@ -192,20 +200,21 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
         yield
 
     app = FastAPI(title="agl engine", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.engine = engine
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(ConfigError, _config_error)
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health(engine: Engine = Depends(_served)) -> dict[str, Any]:
         return {"status": "ok", "model": engine.model_name, "model_version": engine.model_version}
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(engine: Engine = Depends(_served)) -> dict[str, Any]:
         entry = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "agl"}
         return {"object": "list", "data": [{**entry, "model_version": engine.model_version}]}
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest) -> Response:
+    async def chat(req: ChatRequest, engine: Engine = Depends(_served)) -> Response:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         tools = req.tools if req.tool_choice != "none" else None
         prompt = engine.encode_chat(messages, tools, req.chat_template_kwargs)
@@ -230,7 +239,7 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
         return Response(orjson.dumps(body), media_type="application/json")
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Response:
+    async def completions(req: CompletionRequest, engine: Engine = Depends(_served)) -> Response:
         if req.stream:
             raise InvalidRequestError("stream is not supported on /v1/completions; use chat", param="stream")
         prompt = engine.encode_prompt(req.prompt)
@@ -265,7 +274,7 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
         return Response(orjson.dumps(body), media_type="application/json")
 
     @app.post("/v1/responses")
-    async def responses(req: ResponsesRequest) -> Response:
+    async def responses(req: ResponsesRequest, engine: Engine = Depends(_served)) -> Response:
         messages, tools = to_chat(req)
         prompt = engine.encode_chat(messages, tools, req.chat_template_kwargs)
         engine.check_prompt(prompt, "input")
@@ -276,7 +285,7 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
         return Response(orjson.dumps(response_body(engine, req, gen)), media_type="application/json")
 
     @app.post("/v1/embeddings")
-    async def embeddings(req: EmbeddingsRequest) -> Response:
+    async def embeddings(req: EmbeddingsRequest, engine: Engine = Depends(_served)) -> Response:
         hidden = int(engine.model.config.hidden_size)
         if req.dimensions is not None and req.dimensions != hidden:
             raise InvalidRequestError(
@@ -293,7 +302,7 @@ def build_app(engine: Engine, token: str | None = None) -> FastAPI:
         return Response(orjson.dumps(body), media_type="application/json")
 
     @app.post("/v1/weights")
-    async def weights(req: WeightsRequest) -> JSONResponse:
+    async def weights(req: WeightsRequest, engine: Engine = Depends(_served)) -> JSONResponse:
         version = await engine.update_weights(Path(req.path), req.version, lora=req.lora)
         return JSONResponse({"model_version": version})
 
