@@ -14,6 +14,10 @@ range over the runs that finished.
     python benchmarks/recipe_variants.py --recipe sql_agent --variants plain=,refill=--refill --seeds 0,1,2
     python benchmarks/recipe_variants.py --recipe sql_agent --variants "teacher=--teacher qwen-coder" --seeds 0
     python benchmarks/recipe_variants.py --recipe sql_agent --name sql --variants plain=,refill= --logs DIR
+    python benchmarks/recipe_variants.py ... --seeds 1,2 --earlier benchmarks/results/recipe_variants/SEED0.json
+
+``--earlier`` adds a committed result's runs of the same variants (seeds run before) to the summary, each
+marked with the file it came from, so seeds run in separate commands report together.
 """
 
 from __future__ import annotations
@@ -130,6 +134,16 @@ def read_run(out: Path, stem: str, variant: str, seed: int) -> dict[str, Any]:
     }
 
 
+def earlier_runs(files: list[Path], variants: dict[str, list[str]], seeds: list[int]) -> list[dict[str, Any]]:
+    """The runs of ``variants`` that committed result ``files`` hold, for seeds other than ``seeds``."""
+    runs = []
+    for path in files:
+        for run in json.loads(path.read_text())["runs"]:
+            if run["variant"] in variants and run["seed"] not in seeds:
+                runs.append({**run, "from": str(path)})
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -143,6 +157,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results/recipe_variants"), help="the runs' folders")
     parser.add_argument("--logs", type=Path, default=None, help="read runs already in DIR; run nothing")
     parser.add_argument("--note", default="", help="what the runs were (kept in the result's summary)")
+    parser.add_argument(
+        "--earlier",
+        type=Path,
+        action="append",
+        default=[],
+        help="a committed result file whose runs of these variants (other seeds, run before) join the summary",
+    )
     _results.add_arguments(parser)
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -156,8 +177,15 @@ def main() -> None:
             for variant, options in variants.items():
                 print(f"running {name}-{variant} seed {seed}", flush=True)
                 run_one(args.recipe, out, f"{name}-{variant}-s{seed}", seed, options)
-    runs = [read_run(out, f"{name}-{v}-s{s}", v, s) for v in variants for s in seeds]
-    summary: dict[str, Any] = {"recipe": args.recipe, "seeds": seeds, "variants": variants, "note": args.note}
+    runs = earlier_runs(args.earlier, variants, seeds)
+    runs += [read_run(out, f"{name}-{v}-s{s}", v, s) for v in variants for s in seeds]
+    summary: dict[str, Any] = {
+        "recipe": args.recipe,
+        "seeds": sorted({r["seed"] for r in runs}),
+        "variants": variants,
+        "note": args.note,
+        "earlier": [str(path) for path in args.earlier],
+    }
     keys = (
         *SCORES,
         "teacher_kept",

@@ -121,3 +121,22 @@ def test_a_run_that_stopped_before_its_summary_is_recorded_as_failed_never_as_ze
     assert (
         teacher["summary"]["teacher"]["failed_runs"] == 1 and teacher["summary"]["gold"]["failed_runs"] == 0
     )
+
+
+def test_seeds_from_an_earlier_result_join_the_summary(tmp_path: Path) -> None:
+    common = ["--recipe", "multi_agent", "--name", "team", "--logs", str(tmp_path), "--variants", "solo="]
+    _run(tmp_path, "team-solo-s0", 0.5, [8], [0])
+    first = _bench(*common, "--seeds", "0", "--results-dir", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    (earlier,) = (tmp_path / "first").rglob("*.json")
+    _run(tmp_path, "team-solo-s1", 0.75, [8], [8])
+    later = ["--seeds", "1,2", "--earlier", str(earlier), "--results-dir", str(tmp_path / "later")]
+    _run(tmp_path, "team-solo-s2", 1.0, [8], [0])
+    done = _bench(*common, *later)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (result,) = (json.loads(f.read_text()) for f in (tmp_path / "later").rglob("*.json"))
+    assert result["values"] == [0.5, 0.75, 1.0] and [r["seed"] for r in result["runs"]] == [0, 1, 2]
+    assert result["runs"][0]["from"] == str(earlier) and "from" not in result["runs"][1]
+    summary = result["summary"]
+    assert summary["seeds"] == [0, 1, 2] and summary["earlier"] == [str(earlier)]
+    assert summary["solo"]["test_after_grpo"] == {"mean": 0.75, "min": 0.5, "max": 1.0}
