@@ -73,8 +73,9 @@ def run_one(recipe: str, out: Path, stem: str, seed: int, options: list[str]) ->
 
 
 def steps_of(metrics_csv: Path) -> dict[str, Any]:
-    """From a run's ``metrics.csv``: its GRPO steps, those that trained no sample, refill's extra rollouts
-    and the mean share of rollouts merged into one sample."""
+    """From a run's ``metrics.csv``: its GRPO steps, those that trained no sample, refill's extra rollouts,
+    the mean share of rollouts merged into one sample, and the highest RSS the steps saw (the whole run's
+    peak may come before them: a teacher served beside the student)."""
     rows = [r for r in csv.DictReader(metrics_csv.open()) if r.get("samples")]
     number = lambda row, key: float(row.get(key) or 0.0)  # noqa: E731
     merged = [number(r, "merged_fraction") for r in rows if r.get("merged_fraction")]
@@ -83,6 +84,7 @@ def steps_of(metrics_csv: Path) -> dict[str, Any]:
         "steps_without_update": sum(number(r, "samples") == 0 for r in rows),
         "refill_rollouts": sum(number(r, "refill_rollouts") for r in rows),
         "merged_fraction": round(statistics.fmean(merged), 4) if merged else None,
+        "steps_peak_rss_gb": round(max(number(r, "peak_rss_gb") for r in rows), 2) if rows else None,
     }
 
 
@@ -195,6 +197,7 @@ def main() -> None:
         "merged_fraction",
         "cpu_s",
         "peak_rss_gb",
+        "steps_peak_rss_gb",
     )
     for variant in variants:
         mine = [r for r in runs if r["variant"] == variant]

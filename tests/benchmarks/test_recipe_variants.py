@@ -25,8 +25,8 @@ def _run(out: Path, stem: str, after: float, samples: list[int], refill: list[in
     summary: dict[str, object] = {"test_base": 0.0, "test_after_warm_start": 0.5, "test_after_grpo": after}
     summary |= {"test_teacher": None, "precision": "bf16"}  # precision: as the recipe resolved "auto"
     (out / stem / "summary.json").write_text(json.dumps(summary))
-    rows = ["step,samples,merged_fraction,refill_rollouts", "0,,,"]
-    rows += [f"{i + 1},{n},1.0,{r}" for i, (n, r) in enumerate(zip(samples, refill, strict=True))]
+    rows = ["step,samples,merged_fraction,refill_rollouts,peak_rss_gb", "0,,,,9.0"]  # step 0: validation only
+    rows += [f"{i + 1},{n},1.0,{r},{2 + i}" for i, (n, r) in enumerate(zip(samples, refill, strict=True))]
     (out / stem / "metrics.csv").write_text("\n".join(rows) + "\n")
     (out / f"{stem}.log").write_text(
         "training...\n" + TIME_LOG.format(user=90.0, kb=3 * 1024**2, status=status)
@@ -66,6 +66,7 @@ def test_runs_already_made_are_summarised_per_variant(tmp_path: Path) -> None:
         summary["refill"]["steps_without_update"]["max"] == 0.0 and summary["refill"]["test_teacher"] is None
     )
     assert plain["runs"][0]["cpu_s"] == 100.0 and plain["runs"][0]["peak_rss_gb"] == 3.0
+    assert plain["runs"][0]["steps_peak_rss_gb"] == 4.0  # the GRPO steps' highest, not step 0's validation
     assert plain["runs"][0]["precision"] == "bf16" and summary["plain"]["precision"] == ["bf16"]
 
     _run(tmp_path, "sql-broken-s0", 0.0, [8], [0], status=1)
