@@ -70,8 +70,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy agl tests
 
+# two workers even on 2 cores: much of the suite waits on servers, subprocesses and sockets; a file's tests
+# stay on one worker (--dist loadfile), so a module's shared server starts once
+PYTEST_WORKERS ?= 2
 pytest: test-deps
-	AGL_REQUIRE_ALL=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25
+	AGL_REQUIRE_ALL=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=25 -n $(PYTEST_WORKERS) --dist loadfile
 
 test: lint typecheck pytest
 

@@ -10,6 +10,7 @@ printed, so a shrinking suite is visible.
 
 from __future__ import annotations
 
+import collections
 import io
 import os
 from collections.abc import Generator
@@ -110,12 +111,31 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 _IO_REPORTED = pytest.StashKey[bool]()
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Two items with one node id are one test to pytest-xdist, which runs the first and drops the rest
+    unreported: refuse them (parametrize with ids instead)."""
+    counts = collections.Counter(item.nodeid for item in items)
+    twice = sorted(nodeid for nodeid, n in counts.items() if n > 1)
+    if twice:
+        raise pytest.UsageError(f"{len(twice)} node ids name more than one test item: {', '.join(twice[:5])}")
+
+
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str:
     rule = "on: skips fail" if require_all() else "off: skips allowed (set AGL_REQUIRE_ALL=1 to forbid)"
     return f"agl: {len(items)} test items collected; require-all {rule}"
 
 
+_WORKER_COLLECTED = pytest.StashKey[int]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under pytest-xdist the controller collects nothing itself: count what the workers collected."""
+    config = node.config
+    config.stash[_WORKER_COLLECTED] = max(config.stash.get(_WORKER_COLLECTED, 0), len(ids))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    collected = getattr(terminalreporter, "_numcollected", None)
+    collected = config.stash.get(_WORKER_COLLECTED, None) or getattr(terminalreporter, "_numcollected", None)
     if collected is not None:
         terminalreporter.write_line(f"agl: {collected} test items collected")

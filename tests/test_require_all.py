@@ -120,3 +120,22 @@ def test_an_import_error_is_a_collection_error_even_without_the_rule(
     result = _run(pytester)
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*ModuleNotFoundError*no_such_module_agl*", "*1 error*"])
+
+
+def test_two_items_with_one_node_id_are_refused(pytester: pytest.Pytester) -> None:
+    # pytest-xdist would run one of them and drop the other unreported
+    pytester.makeconftest(
+        "import pytest\n\n@pytest.hookimpl(tryfirst=True)\n"
+        "def pytest_collection_modifyitems(items):\n"
+        "    items.append(pytest.Function.from_parent(items[0].parent, name=items[0].name))\n"
+    )
+    pytester.makepyfile(test_twice="def test_x():\n    pass\n")
+    result = _run(pytester)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*1 node ids name more than one test item: test_twice.py::test_x*"])
+
+
+def test_under_xdist_the_count_is_the_workers(inner: pytest.Pytester) -> None:
+    result = _run(inner, "-p", "xdist.plugin", "-n", "2")
+    result.assert_outcomes(passed=1, skipped=4, xfailed=1)
+    result.stdout.fnmatch_lines(["agl: 6 test items collected"])

@@ -15,7 +15,8 @@ import pytest
 
 try:
     import schemathesis
-    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis import HealthCheck, Phase, given, settings
+    from schemathesis.core.result import Err
 except ImportError as exc:  # never a silent skip: the dev extra provides it
     raise ImportError("schemathesis is missing; install the dev extra: pip install -e '.[dev]'") from exc
 
@@ -37,27 +38,46 @@ def server_url() -> Iterator[str]:
         yield server.url
 
 
-# generated from the app's spec at collection (schemathesis' lazy fixture loader breaks on pytest 9)
+# generated from the app's spec at collection (schemathesis' lazy fixture loader breaks on pytest 9); one
+# test per operation with its own id ("GET /health"): schemathesis' own parametrize gives every case the
+# same node id, which pytest-xdist collapses into one test
 SPEC = create_app(InMemoryLightningStore()).app.openapi()
-schema = schemathesis.openapi.from_dict(SPEC)
+
+
+def _operations() -> list[Any]:
+    """Every operation of the spec; one schemathesis cannot read fails collection with its reason."""
+    operations = []
+    for result in schemathesis.openapi.from_dict(SPEC).get_all_operations():
+        if isinstance(result, Err):
+            raise result.err()
+        operations.append(result.ok())
+    return operations
+
+
+OPERATIONS = _operations()
 
 
 @pytest.mark.slow
-@schema.parametrize()
-@settings(
-    max_examples=EXAMPLES_PER_OPERATION,
-    deadline=None,
-    derandomize=True,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
-def test_generated_requests_never_get_a_5xx(case: Any, server_url: str) -> None:
-    if case.path.endswith("/rollouts/wait") and isinstance(case.body, dict):
-        # a wait on ids an earlier example enqueued long-polls up to 30 s: time, not coverage
-        timeout = case.body.get("timeout_s")
-        case.body["timeout_s"] = min(timeout, 0.2) if isinstance(timeout, (int, float)) else 0.2
-    response = case.call(base_url=server_url, timeout=40)
-    assert response.status_code < 500, (case.method, case.formatted_path, case.body, response.text)
-    if response.status_code >= 400:
-        error = response.json()["error"]
-        assert error["type"] and error["message"], response.text
+@pytest.mark.parametrize("operation", OPERATIONS, ids=[op.label for op in OPERATIONS])
+def test_generated_requests_never_get_a_5xx(operation: Any, server_url: str) -> None:
+    @given(case=operation.as_strategy())
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    def check(case: Any) -> None:
+        if case.path.endswith("/rollouts/wait") and isinstance(case.body, dict):
+            # a wait on ids an earlier example enqueued long-polls up to 30 s: time, not coverage
+            timeout = case.body.get("timeout_s")
+            case.body["timeout_s"] = min(timeout, 0.2) if isinstance(timeout, (int, float)) else 0.2
+        response = case.call(base_url=server_url, timeout=40)
+        assert response.status_code < 500, (case.method, case.formatted_path, case.body, response.text)
+        if response.status_code >= 400:
+            error = response.json()["error"]
+            assert error["type"] and error["message"], response.text
+
+    check()
