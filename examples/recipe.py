@@ -144,8 +144,11 @@ def add_refill_option(parser: argparse.ArgumentParser, *, default: bool = False)
     )
 
 
-def add_teacher_options(parser: argparse.ArgumentParser) -> None:
-    """``--teacher`` and its sampling budget: a warm start from a stronger model, no gold traces used."""
+def add_teacher_options(
+    parser: argparse.ArgumentParser, *, samples: int = 4, tasks: int = 32, keep: str = "any"
+) -> None:
+    """``--teacher`` and its sampling budget: a warm start from a stronger model, no gold traces used.
+    ``samples``, ``tasks`` and ``keep`` are the recipe's defaults for it."""
     teacher = parser.add_argument_group("warm start from a teacher instead of the gold-derived traces")
     teacher.add_argument(
         "--teacher",
@@ -157,17 +160,23 @@ def add_teacher_options(parser: argparse.ArgumentParser) -> None:
     )
     teacher.add_argument("--teacher-model", default=None, help="the model name a --teacher URL serves")
     teacher.add_argument(
-        "--teacher-samples", type=int, default=4, help="teacher rollouts per train task (default: 4)"
+        "--teacher-samples",
+        type=int,
+        default=samples,
+        help=f"teacher rollouts per train task (default: {samples})",
     )
     teacher.add_argument(
-        "--teacher-tasks", type=int, default=32, help="train tasks the teacher runs on (default: 32)"
+        "--teacher-tasks",
+        type=int,
+        default=tasks,
+        help=f"train tasks the teacher runs on (default: {tasks})",
     )
     teacher.add_argument(
         "--teacher-keep",
         choices=("any", "tool-calls"),
-        default="any",
+        default=keep,
         help="which rewarded conversations the student learns from: any, or only those that call a tool "
-        "(a right answer reached without the agent's tools teaches the student to skip them; default: any)",
+        f"(a right answer reached without the agent's tools teaches the student to skip them; default: {keep})",
     )
 
 

@@ -124,9 +124,11 @@ def test_calc_demo_teacher_option_replaces_the_gold_traces(tmp_path: Path) -> No
         2,
     )
     assert warm_start(parse_args([*base, "--teacher", "/models/big"]), warm_tasks, 0, 1e-5) is None
-    assert taught.keep is None
-    keep = parse_args([*base, "--teacher", "/models/big", "--teacher-keep", "tool-calls"])
-    assert cast(agl.Teacher, warm_start(keep, warm_tasks, 8, 1e-5)).keep is agl.Teacher.calls_a_tool
+    # the demo's own teacher budget: 2 rollouts on each of 128 tasks, keeping those that call the calculator
+    assert (taught.samples_per_task, taught.max_tasks) == (2, 128)
+    assert taught.keep is agl.Teacher.calls_a_tool
+    any_kept = parse_args([*base, "--teacher", "/models/big", "--teacher-keep", "any"])
+    assert cast(agl.Teacher, warm_start(any_kept, warm_tasks, 8, 1e-5)).keep is None
     # an earlier run's kept traces: the same lesson, the teacher not called again
     traces = tmp_path / "teacher_traces.jsonl"
     traces.write_text(json.dumps({"messages": tool_use_trace(warm_tasks[0]), "tools": [CALCULATOR]}) + "\n")

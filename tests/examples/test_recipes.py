@@ -131,6 +131,7 @@ def test_teacher_options_replace_the_gold_warm_start(tmp_path: Path) -> None:
         recipe, recipe_args("doc", "r", argv=[*base, "--teacher", "/models/big", "--teacher-samples", "2"])
     )
     assert isinstance(local, agl.Teacher) and local.path == "/models/big" and local.samples_per_task == 2
+    assert (local.max_tasks, local.keep) == (32, None)  # the recipes' defaults (the calc demo has its own)
     url = [*base, "--teacher", "http://127.0.0.1:9/v1", "--teacher-model", "big", "--teacher-tasks", "8"]
     remote = warm_start(recipe, recipe_args("doc", "r", argv=url))
     assert isinstance(remote, agl.Teacher) and (remote.endpoint, remote.model, remote.max_tasks) == (
