@@ -11,6 +11,13 @@ rollout throughput (train rollouts / loop seconds) and the final reward (mean of
 The tiny model's task rewards completion tokens with ids below 512 (learnable in a few steps); SmolLM2's
 is small sums. ``--tool-latency-s`` makes each rollout sleep that long after its model call, like an
 agent waiting on a tool or an environment: time the runners spend not generating.
+
+On a CPU the built-in engine generates in the trainer's process, on the cores the policy update uses, so
+async has little to overlap. ``--engine vllm`` serves from vLLM (``scripts/setup_vllm.sh``) in its own
+process, and ``--pin`` gives it core 1 (``VLLM_CPU_OMP_THREADS_BIND``) and the trainer core 0 (one torch thread,
+this process's affinity), so that generation and the update can run at the same time:
+
+    .venv/bin/python benchmarks/async_grpo.py --model smollm2 --engine vllm --lora-rank 16 --pin --steps 6
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: ``benchmarks`` is imported from the checkout
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -55,7 +64,7 @@ async def bench_agent(task: dict[str, Any], llm: agl.LLM) -> float:
         await asyncio.sleep(task["latency_s"])
     choice = reply.choices[0]
     if task["kind"] == "low_ids":
-        ids = (choice.model_extra or {}).get("token_ids") or []
+        ids: list[int] = (choice.model_extra or {}).get("token_ids") or []
         return sum(t < TARGET for t in ids) / max(len(ids), 1)
     numbers = re.findall(r"-?\d+", choice.message.content or "")
     return 1.0 if task["answer"] in numbers else (0.1 if numbers else 0.0)
@@ -95,13 +104,21 @@ def run_mode(
         seed=0,
         async_rollouts=asynchronous,
         max_staleness=args.max_staleness,
+        lora_rank=args.lora_rank,
     )
+    serving = agl.Serving()
+    if args.engine == "vllm":
+        from agl.compute.precision import resolve_precision
+
+        dtype = "bfloat16" if resolve_precision(config.precision, "cpu") == "bf16" else "float32"
+        engine = agl.engines.VllmEngine(dtype=dtype, max_model_len=512, kv_cache_gib=1)
+        serving = agl.Serving(engine=engine)
     with tempfile.TemporaryDirectory() as out:
-        started = time.perf_counter()
-        result = agl.Trainer(algorithm=GRPO(config), n_runners=args.runners, output_dir=out).fit(
-            bench_agent, tasks, []
-        )
-        wall = time.perf_counter() - started
+        started, cpu = time.perf_counter(), os.times()
+        result = agl.Trainer(
+            algorithm=GRPO(config), n_runners=args.runners, output_dir=out, serving=serving
+        ).fit(bench_agent, tasks, [])
+        wall, cpu_end = time.perf_counter() - started, os.times()
     history = result["history"]
     loop_s = sum(row["step_time_s"] for row in history)
     tail = history[-args.final_steps :]
@@ -117,7 +134,32 @@ def run_mode(
         "staleness_mean": statistics.fmean(row["staleness_mean"] for row in history),
         "loop_s": loop_s,
         "fit_wall_s": wall,
+        # this process's CPU seconds (trainer, gateway, runners; the built-in engine's too), and its children's
+        # (a vLLM server) once they have exited
+        "cpu_s": cpu_end.user + cpu_end.system - cpu.user - cpu.system,
+        "children_cpu_s": cpu_end.children_user
+        + cpu_end.children_system
+        - cpu.children_user
+        - cpu.children_system,
+        "engine": args.engine,
+        "pinned": args.pin,
     }
+
+
+def pin_cores(engine: str) -> None:
+    """The trainer on core 0 with one torch thread, the vLLM server's compute on core 1 (``--pin``)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if engine != "vllm":
+        raise SystemExit(
+            "--pin needs --engine vllm: the built-in engine generates in the trainer's process and threads"
+        )
+    if len(cores) < 2:
+        raise SystemExit(f"--pin needs two cores, this process may use {cores}")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[1])  # read by the server this process starts
+    os.sched_setaffinity(0, {cores[0]})
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def main() -> None:
@@ -135,10 +177,19 @@ def main() -> None:
     parser.add_argument("--tool-latency-s", type=float, default=0.0)
     parser.add_argument("--final-steps", type=int, default=2, help="steps averaged for the final reward")
     parser.add_argument("--async-first", action="store_true", help="run async before sync (order bias check)")
+    parser.add_argument("--engine", choices=["builtin", "vllm"], default="builtin")
+    parser.add_argument(
+        "--lora-rank", type=int, default=0, help="train a LoRA of this rank (0: the full model)"
+    )
+    parser.add_argument(
+        "--pin", action="store_true", help="trainer on core 0, the vLLM server on core 1 (--engine vllm)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="append the rows to this JSONL file")
     _results.add_arguments(parser)
     args = parser.parse_args()
     recorder = _results.Recorder("async_grpo", args)
+    if args.pin:
+        pin_cores(args.engine)
     if args.model == "tiny":
         model_path = str(agl.models.tiny_model())
     elif args.model == "smollm2":
@@ -158,6 +209,9 @@ def main() -> None:
         "load_before": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
+        "engine": args.engine,
+        "lora_rank": args.lora_rank,
+        "pinned": args.pin,
         "step_time_ratio_sync_over_async": sync["step_s_median"] / asy["step_s_median"],
         "throughput_ratio_async_over_sync": asy["rollouts_per_s"] / sync["rollouts_per_s"],
     }
@@ -174,7 +228,11 @@ def main() -> None:
         values=[summary["step_time_ratio_sync_over_async"]],
         runs=rows,
         summary=summary,
-        variant=args.model if args.model in ("tiny", "smollm2") else "",
+        variant="-".join(
+            [args.model if args.model in ("tiny", "smollm2") else "model"]
+            + ([args.engine] if args.engine != "builtin" else [])
+            + (["pinned"] if args.pin else [])
+        ),
     )
 
 

@@ -15,10 +15,13 @@ same held-out tasks (greedy, ``agl.evaluate_models``, exact total = 1): accuracy
 training time (wall seconds of its steps) and CPU seconds (all its threads; agl's include its in-process engine).
 From those curves: the time each side took to reach each ``--targets`` score and the best score both reached, and
 agl's time over TRL's (the goal: <= 0.5). Seeds change the training (task order, sampling), never the held-out set.
+``--earlier FILE`` adds a committed result's seeds (made with the same settings, read back from its command) to
+the report, so the seeds of a run this long can be run and committed one at a time.
 
     python benchmarks/time_to_accuracy.py                                   # SmolLM2, 2 seeds
     python benchmarks/time_to_accuracy.py --seeds 0 --out DIR --no-save     # a seed a command (over an hour each),
     python benchmarks/time_to_accuracy.py --seeds 0,1 --out DIR --reuse     # ... then one report of both
+    python benchmarks/time_to_accuracy.py --seeds 1 --earlier benchmarks/results/time_to_accuracy/SEED0.json
     python benchmarks/time_to_accuracy.py --model tiny --steps 2 --eval-every 1 --test 4 --seeds 0 --no-save
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -209,7 +213,8 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also how ``--earlier`` reads back the settings of a committed result's command)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -243,7 +248,36 @@ def main() -> None:
         help="take a seed's finished run from --out (its run.json, made with the same settings) instead of "
         "running it again: seeds run as separate commands, then one command with all of them reports together",
     )
+    parser.add_argument(
+        "--earlier",
+        type=Path,
+        action="append",
+        default=[],
+        help="a committed result file whose seeds (run before, with the same settings) join this report",
+    )
     _results.add_arguments(parser)
+    return parser
+
+
+def earlier_runs(files: list[Path], settings: dict[str, str], seeds: list[int]) -> list[dict[str, Any]]:
+    """The runs that committed result ``files`` hold for seeds other than ``seeds``, each marked with its file
+    and machine. A file whose command had other settings is refused rather than mixed into this report."""
+    runs = []
+    for path in files:
+        record = json.loads(path.read_text())
+        made = build_parser().parse_args(shlex.split(record["command"])[2:])
+        had = {name: str(getattr(made, name)) for name in RUN_SETTINGS}
+        differ = {k: (had[k], v) for k, v in settings.items() if had[k] != v}
+        if differ:
+            raise SystemExit(f"--earlier: {path} was made with other settings (then, now): {differ}")
+        for run in record["runs"]:
+            if run["seed"] not in seeds:
+                runs.append({**run, "from": str(path), "machine": record["machine"]})
+    return runs
+
+
+def main() -> None:
+    parser = build_parser()
     args = parser.parse_args()
     if args.reuse and args.out is None:
         parser.error("--reuse reads finished runs from --out: pass --out DIR")
@@ -295,6 +329,7 @@ def main() -> None:
         (out / "run.json").write_text(json.dumps({"settings": settings, "run": run}, indent=1))
         for key, row in run["targets"].items():
             print(f"seed {seed}: target {key}: {json.dumps(row)}", flush=True)
+    runs = earlier_runs(args.earlier, settings, seeds) + runs
     plot(runs, work / "time_to_accuracy.png")
     print(f"plot: {work / 'time_to_accuracy.png'}", flush=True)
     ratios = [
@@ -303,7 +338,12 @@ def main() -> None:
         for row in run["targets"].values()
         if row["train_s"]["fit_over_trl"] is not None
     ]
-    summary = {"targets": targets, "seeds": seeds, "start_accuracy": runs[0]["curves"]["fit"][0]["accuracy"]}
+    summary = {
+        "targets": targets,
+        "seeds": sorted(run["seed"] for run in runs),
+        "start_accuracy": runs[0]["curves"]["fit"][0]["accuracy"],
+        "earlier": [str(path) for path in args.earlier],
+    }
     if ratios:
         metric, unit = (
             "agl fit's training time to a held-out target over TRL's",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.time_to_accuracy import compare, reused_run, time_to
+from benchmarks.time_to_accuracy import RUN_SETTINGS, build_parser, compare, earlier_runs, reused_run, time_to
 
 ROOT = Path(__file__).resolve().parents[2]
 TRL_PYTHON = Path(os.environ.get("AGL_TRL_VENV") or ROOT / ".venv-trl") / "bin" / "python"
@@ -49,6 +49,20 @@ def test_a_finished_seed_is_reused_only_with_the_same_settings(tmp_path: Path) -
     assert reused_run(path, {"steps": "20"}) == {"seed": 0, "best_both": 0.5}
     with pytest.raises(SystemExit, match="other settings.*'steps': \\('20', '12'\\)"):
         reused_run(path, {"steps": "12"})
+
+
+def test_a_committed_seed_joins_only_with_the_same_settings(tmp_path: Path) -> None:
+    defaults = build_parser().parse_args([])
+    settings = {name: str(getattr(defaults, name)) for name in RUN_SETTINGS}
+    path = tmp_path / "seed0.json"
+    command = "python benchmarks/time_to_accuracy.py --seeds 0 --out /tmp/runs --no-save"
+    runs = [{"seed": 0, "best_both": 0.5}]
+    path.write_text(json.dumps({"command": command, "machine": {"cores": 2}, "runs": runs}))
+    (joined,) = earlier_runs([path], settings, seeds=[1])
+    assert joined == {"seed": 0, "best_both": 0.5, "from": str(path), "machine": {"cores": 2}}
+    assert earlier_runs([path], settings, seeds=[0, 1]) == []  # run again now: this report's own
+    with pytest.raises(SystemExit, match="other settings.*'steps': \\('20', '12'\\)"):
+        earlier_runs([path], {**settings, "steps": "12"}, seeds=[1])
 
 
 @pytest.mark.slow
