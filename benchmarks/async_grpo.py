@@ -13,11 +13,14 @@ is small sums. ``--tool-latency-s`` makes each rollout sleep that long after its
 agent waiting on a tool or an environment: time the runners spend not generating.
 
 On a CPU the built-in engine generates in the trainer's process, on the cores the policy update uses, so
-async has little to overlap. ``--engine vllm`` serves from vLLM (``scripts/setup_vllm.sh``) in its own
-process, and ``--pin`` gives it core 1 (``VLLM_CPU_OMP_THREADS_BIND``) and the trainer core 0 (one torch thread,
-this process's affinity), so that generation and the update can run at the same time:
+async has little to overlap. ``--setups`` runs the pair (sync, async) for each way of serving, side by side:
+``builtin`` (in process), ``vllm`` (a vLLM server of its own, ``scripts/setup_vllm.sh``, the cores shared) and
+``vllm-pinned`` (the trainer's threads on core 0 with one torch thread, the vLLM server on core 1:
+``VllmEngine(cpu_cores=("1",))``), ``--rounds`` times, alternating which mode goes first.
+The headline is the last setup's sync-over-async step-time ratio, per round:
 
-    .venv/bin/python benchmarks/async_grpo.py --model smollm2 --engine vllm --lora-rank 16 --pin --steps 6
+    .venv/bin/python benchmarks/async_grpo.py --model smollm2 --lora-rank 16 --setups builtin,vllm,vllm-pinned \
+        --rounds 3 --steps 6
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +96,18 @@ def make_tasks(model: str, n: int, latency_s: float, max_tokens: int) -> list[di
     return tasks
 
 
+SETUPS = ("builtin", "vllm", "vllm-pinned")
+
+
 def run_mode(
-    args: argparse.Namespace, model_path: str, tasks: list[dict[str, Any]], asynchronous: bool
+    args: argparse.Namespace,
+    model_path: str,
+    tasks: list[dict[str, Any]],
+    asynchronous: bool,
+    setup: str = "builtin",
+    engine_cpus: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """One ``fit`` run, sync or async; ``engine_cpus``: the vLLM server's CPUs (``VllmEngine.cpu_cores``)."""
     config = GRPOConfig(
         model_path=model_path,
         steps=args.steps,
@@ -107,11 +121,11 @@ def run_mode(
         lora_rank=args.lora_rank,
     )
     serving = agl.Serving()
-    if args.engine == "vllm":
+    if setup != "builtin":
         from agl.compute.precision import resolve_precision
 
         dtype = "bfloat16" if resolve_precision(config.precision, "cpu") == "bf16" else "float32"
-        engine = agl.engines.VllmEngine(dtype=dtype, max_model_len=512, kv_cache_gib=1)
+        engine = agl.engines.VllmEngine(dtype=dtype, max_model_len=512, kv_cache_gib=1, cpu_cores=engine_cpus)
         serving = agl.Serving(engine=engine)
     with tempfile.TemporaryDirectory() as out:
         started, cpu = time.perf_counter(), os.times()
@@ -141,25 +155,48 @@ def run_mode(
         + cpu_end.children_system
         - cpu.children_user
         - cpu.children_system,
-        "engine": args.engine,
-        "pinned": args.pin,
+        "setup": setup,
     }
 
 
-def pin_cores(engine: str) -> None:
-    """The trainer on core 0 with one torch thread, the vLLM server's compute on core 1 (``--pin``)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if engine != "vllm":
-        raise SystemExit(
-            "--pin needs --engine vllm: the built-in engine generates in the trainer's process and threads"
-        )
-    if len(cores) < 2:
-        raise SystemExit(f"--pin needs two cores, this process may use {cores}")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[1])  # read by the server this process starts
-    os.sched_setaffinity(0, {cores[0]})
+def _set_affinity(cores: set[int]) -> None:
+    """Every thread of this process on ``cores`` (``sched_setaffinity(0)`` moves only the calling thread)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except ProcessLookupError:  # the thread ended meanwhile
+            continue
+
+
+@contextmanager
+def cores_for(setup: str) -> Iterator[tuple[str, ...]]:
+    """For ``vllm-pinned``: this process (trainer, gateway, runners) on the first core with one torch thread,
+    and the second core for the vLLM server (yielded, as ``VllmEngine.cpu_cores``); put back afterwards."""
+    if setup != "vllm-pinned":
+        yield ()
+        return
     import torch
 
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"setup vllm-pinned needs two cores, this process may use {cores}")
+    threads = torch.get_num_threads()
+    _set_affinity({cores[0]})
     torch.set_num_threads(1)
+    try:
+        yield (str(cores[1]),)
+    finally:
+        _set_affinity(set(cores))
+        torch.set_num_threads(threads)
+
+
+def setups_of(text: str) -> list[str]:
+    """``--setups``: known names, comma-separated."""
+    setups = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in setups if s not in SETUPS]
+    if unknown or not setups:
+        raise SystemExit(f"--setups: {unknown or text!r} not among {', '.join(SETUPS)}")
+    return setups
 
 
 def main() -> None:
@@ -176,20 +213,19 @@ def main() -> None:
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--tool-latency-s", type=float, default=0.0)
     parser.add_argument("--final-steps", type=int, default=2, help="steps averaged for the final reward")
-    parser.add_argument("--async-first", action="store_true", help="run async before sync (order bias check)")
-    parser.add_argument("--engine", choices=["builtin", "vllm"], default="builtin")
+    parser.add_argument("--async-first", action="store_true", help="run async before sync in round 0")
+    parser.add_argument(
+        "--setups", default="builtin", help=f"ways of serving, comma-separated: {', '.join(SETUPS)}"
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="(sync, async) pairs per setup")
     parser.add_argument(
         "--lora-rank", type=int, default=0, help="train a LoRA of this rank (0: the full model)"
-    )
-    parser.add_argument(
-        "--pin", action="store_true", help="trainer on core 0, the vLLM server on core 1 (--engine vllm)"
     )
     parser.add_argument("--json", type=Path, default=None, help="append the rows to this JSONL file")
     _results.add_arguments(parser)
     args = parser.parse_args()
+    setups = setups_of(args.setups)
     recorder = _results.Recorder("async_grpo", args)
-    if args.pin:
-        pin_cores(args.engine)
     if args.model == "tiny":
         model_path = str(agl.models.tiny_model())
     elif args.model == "smollm2":
@@ -200,21 +236,41 @@ def main() -> None:
     kind = "tiny" if args.model == "tiny" else "chat"
     tasks = make_tasks(kind, 12, args.tool_latency_s, args.max_tokens)
     load = os.getloadavg()
-    order = (True, False) if args.async_first else (False, True)
-    rows = [run_mode(args, model_path, tasks, asynchronous) for asynchronous in order]
-    sync, asy = rows[::-1] if args.async_first else rows
-    summary = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, list[float]] = {setup: [] for setup in setups}
+    for round_ in range(args.rounds):
+        for setup in setups:
+            first_async = (round_ % 2 == 1) != args.async_first  # alternate which mode goes first
+            with cores_for(setup) as engine_cpus:
+                pair = {
+                    asynchronous: run_mode(args, model_path, tasks, asynchronous, setup, engine_cpus)
+                    for asynchronous in ((True, False) if first_async else (False, True))
+                }
+            rows += [{**row, "round": round_} for row in pair.values()]
+            ratios[setup].append(pair[False]["step_s_median"] / pair[True]["step_s_median"])
+    summary: dict[str, Any] = {
         "model": args.model,
         "load_before": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
-        "engine": args.engine,
         "lora_rank": args.lora_rank,
-        "pinned": args.pin,
-        "step_time_ratio_sync_over_async": sync["step_s_median"] / asy["step_s_median"],
-        "throughput_ratio_async_over_sync": asy["rollouts_per_s"] / sync["rollouts_per_s"],
+        "setups": {},
     }
+    for setup in setups:
+        mine = [r for r in rows if r["setup"] == setup]
+        sync = [r for r in mine if r["mode"] == "sync"]
+        asy = [r for r in mine if r["mode"] != "sync"]
+        summary["setups"][setup] = {
+            "step_s_sync": statistics.median(r["step_s_median"] for r in sync),
+            "step_s_async": statistics.median(r["step_s_median"] for r in asy),
+            "step_time_ratio_sync_over_async": statistics.median(ratios[setup]),
+            "step_time_ratio_range": [min(ratios[setup]), max(ratios[setup])],
+            "throughput_ratio_async_over_sync": statistics.median(
+                a["rollouts_per_s"] / s["rollouts_per_s"] for s, a in zip(sync, asy, strict=True)
+            ),
+            "final_reward_sync": statistics.median(r["final_reward"] for r in sync),
+            "final_reward_async": statistics.median(r["final_reward"] for r in asy),
+        }
     for row in [*rows, summary]:
         line = json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
         print(line, flush=True)
@@ -223,16 +279,12 @@ def main() -> None:
             with args.json.open("a") as f:
                 f.write(line + "\n")
     recorder.save(
-        metric="step_time_ratio_sync_over_async",
-        unit="x, sync step time over async",
-        values=[summary["step_time_ratio_sync_over_async"]],
+        metric=f"sync step time over async ({setups[-1]})",
+        unit="x, a value per round",
+        values=ratios[setups[-1]],
         runs=rows,
         summary=summary,
-        variant="-".join(
-            [args.model if args.model in ("tiny", "smollm2") else "model"]
-            + ([args.engine] if args.engine != "builtin" else [])
-            + (["pinned"] if args.pin else [])
-        ),
+        variant="-".join([args.model if args.model in ("tiny", "smollm2") else "model", *setups]),
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agl.compute.thread import run_compute
+from agl.engines.vllm import check_cpu_list
 from agl.errors import ConfigError
 from agl.gateway.config import UpstreamConfig
 
@@ -49,6 +50,9 @@ class VllmEngine:
     rank vLLM accepts. ``extra_args`` are appended to the server command line (e.g. GPU flags such as
     ``("--gpu-memory-utilization", "0.4")``); ``enforce_eager=False`` keeps CUDA graphs on a GPU.
     ``cuda_devices`` gives replica ``i`` ``CUDA_VISIBLE_DEVICES=cuda_devices[i]`` (e.g. ``("0", "1")``).
+    ``cpu_cores`` gives replica ``i`` the CPUs ``cpu_cores[i]`` (e.g. ``("1",)``, ``("2-3", "4-5")``) for all its
+    processes and OpenMP threads, so that on a CPU it generates beside a trainer on the other cores instead of
+    sharing them (start the trainer on the rest: ``taskset -c 0 python train.py``).
     ``gpu_memory_gb`` is each replica's share of a GPU it shares with the trainer: it becomes vLLM's
     ``--gpu-memory-utilization`` (the share of the GPU's total), so engine and trainer stay within it.
     """
@@ -62,6 +66,7 @@ class VllmEngine:
     extra_args: tuple[str, ...] = ()
     enforce_eager: bool = True
     cuda_devices: tuple[str, ...] = ()
+    cpu_cores: tuple[str, ...] = ()
     gpu_memory_gb: float | None = None
     start_timeout_s: float = 600.0
     drain_timeout_s: float = 600.0
@@ -73,6 +78,12 @@ class VllmEngine:
             raise ConfigError(
                 f"VllmEngine.cuda_devices needs one entry per replica ({self.replicas}), got {self.cuda_devices}"
             )
+        if self.cpu_cores and len(self.cpu_cores) != self.replicas:
+            raise ConfigError(
+                f"VllmEngine.cpu_cores needs one entry per replica ({self.replicas}), got {self.cpu_cores}"
+            )
+        for i, cpus in enumerate(self.cpu_cores):
+            check_cpu_list(cpus, f"VllmEngine.cpu_cores[{i}]")
         if self.max_model_len < 16:
             raise ConfigError(f"VllmEngine.max_model_len must be >= 16, got {self.max_model_len}")
         if self.max_lora_rank is not None and self.max_lora_rank not in _VLLM_LORA_RANKS:
@@ -320,7 +331,8 @@ def save_model_folder(state: dict[str, Any], base: Path, out: Path) -> Path:
 
 def _replica_options(spec: VllmEngine, work_dir: Path, i: int) -> dict[str, Any]:
     env = {"CUDA_VISIBLE_DEVICES": spec.cuda_devices[i]} if spec.cuda_devices else {}
-    return {"log_path": work_dir / f"vllm-{i}.log", "env": env}
+    cpus = {"cpus": spec.cpu_cores[i]} if spec.cpu_cores else {}
+    return {"log_path": work_dir / f"vllm-{i}.log", "env": env, **cpus}
 
 
 async def start_engines(

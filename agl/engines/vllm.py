@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -55,6 +56,22 @@ def find_vllm_python(python: str | Path | None = None) -> Path | None:
         ):
             return path
     return None
+
+
+_CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+
+
+def check_cpu_list(cpus: str, field: str) -> str:
+    """``cpus`` if it is a CPU list as taskset takes it ("1", "0-3", "2-3,6") naming CPUs this machine has;
+    else ConfigError naming ``field``."""
+    if not isinstance(cpus, str) or not _CPU_LIST.fullmatch(cpus):
+        raise ConfigError(f"{field} must be a CPU list such as '1' or '2-3,6', got {cpus!r}")
+    ids = [int(i) for part in cpus.split(",") for i in part.split("-")]
+    if max(ids) >= (os.cpu_count() or 1):
+        raise ConfigError(
+            f"{field}={cpus!r} names CPU {max(ids)}; this machine has {os.cpu_count()} (0-based)"
+        )
+    return cpus
 
 
 @functools.cache
@@ -101,6 +118,7 @@ class VllmServer:
         env: dict[str, str] | None = None,
         gpu_memory_gb: float | None = None,
         gpu_total_gb: float | None = None,
+        cpus: str | None = None,
     ) -> None:
         self.model = Path(model)
         self.python = python
@@ -121,6 +139,9 @@ class VllmServer:
         self.env = dict(env or {})  # e.g. CUDA_VISIBLE_DEVICES for this server
         # a GPU shared with the trainer: vLLM takes this much (``--gpu-memory-utilization`` of the total)
         self.gpu_memory_gb, self.gpu_total_gb = gpu_memory_gb, gpu_total_gb
+        # CPUs of its own ("1", "2-3,6"): the server's processes run there (taskset) and vLLM binds its OpenMP
+        # threads to them, so generation and a trainer on the other cores stop taking turns on the same ones
+        self.cpus = check_cpu_list(cpus, "VllmServer.cpus") if cpus is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -145,6 +166,8 @@ class VllmServer:
             cmd += ["--max-loras", str(self.max_loras)]
         if self.gpu_memory_gb is not None and "--gpu-memory-utilization" not in self.extra_args:
             cmd += ["--gpu-memory-utilization", str(self._gpu_utilization(self.gpu_memory_gb))]
+        if self.cpus is not None:
+            cmd = ["taskset", "--cpu-list", self.cpus, *cmd]
         return cmd + self.extra_args
 
     def _gpu_utilization(self, budget_gb: float) -> float:
@@ -167,6 +190,8 @@ class VllmServer:
         )
         if self.enable_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if self.cpus is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
         return {**env, **self.env}
 
     def start(self, timeout_s: float = 300.0) -> VllmServer:
@@ -182,6 +207,10 @@ class VllmServer:
         if python is None:
             tried = f"{self.python}" if self.python else f"env AGL_VLLM_PYTHON, {', '.join(_DEFAULT_PYTHONS)}"
             raise ConfigError(f"no Python with vllm found (tried {tried}); {_SETUP_HINT}")
+        if self.cpus is not None and shutil.which("taskset") is None:
+            raise ConfigError(
+                "VllmServer.cpus runs the server under taskset, which is not on PATH (util-linux)"
+            )
         if self.port == 0:
             self.port = _free_port(self.host)
         if self.log_path is None:

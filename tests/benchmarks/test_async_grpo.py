@@ -1,4 +1,4 @@
-"""benchmarks/async_grpo.py: sync and async GRPO side by side on the tiny model, and ``--pin``'s refusals."""
+"""benchmarks/async_grpo.py: sync and async GRPO side by side on the tiny model; the pinned setup's cores."""
 
 from __future__ import annotations
 
@@ -6,20 +6,44 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import torch
 
-from benchmarks.async_grpo import pin_cores
+from benchmarks.async_grpo import cores_for, setups_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_pin_needs_an_engine_in_its_own_process() -> None:
-    before = os.sched_getaffinity(0)
-    with pytest.raises(SystemExit, match="--pin needs --engine vllm"):
-        pin_cores("builtin")
-    assert os.sched_getaffinity(0) == before  # refused before touching this process
+def test_setups_are_named_from_the_known_ones() -> None:
+    assert setups_of("builtin, vllm-pinned") == ["builtin", "vllm-pinned"]
+    with pytest.raises(SystemExit, match="--setups: \\['vllm-pined'\\] not among builtin, vllm, vllm-pinned"):
+        setups_of("builtin,vllm-pined")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
+def test_the_pinned_setup_puts_every_thread_on_one_core_and_back() -> None:
+    cores, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    seen: list[set[int]] = []
+    waiting = threading.Event()
+
+    def later() -> None:
+        waiting.wait()
+        seen.append(os.sched_getaffinity(0))
+
+    other = threading.Thread(target=later)
+    other.start()  # started before pinning: moved all the same
+    with cores_for("vllm-pinned") as engine_cpus:
+        assert os.sched_getaffinity(0) == {cores[0]} and torch.get_num_threads() == 1
+        assert engine_cpus == (str(cores[1]),)
+        waiting.set()
+        other.join()
+    assert seen == [{cores[0]}]
+    assert sorted(os.sched_getaffinity(0)) == cores and torch.get_num_threads() == threads
+    with cores_for("vllm") as engine_cpus:  # shared cores: nothing moves
+        assert sorted(os.sched_getaffinity(0)) == cores and engine_cpus == ()
 
 
 @pytest.mark.timeout(300)
@@ -39,6 +63,7 @@ def test_sync_and_async_rows_on_the_tiny_model(tmp_path: Path) -> None:
     sync, asynchronous = record["runs"]
     assert sync["mode"] == "sync" and asynchronous["mode"].startswith("async")
     for row in (sync, asynchronous):
-        assert row["engine"] == "builtin" and row["pinned"] is False
+        assert row["setup"] == "builtin" and row["round"] == 0
         assert row["rollouts_per_s"] > 0 and row["cpu_s"] > 0 and 0 <= row["idle_share"] <= 1
-    assert record["summary"]["step_time_ratio_sync_over_async"] == record["values"][0] > 0
+    (ratio,) = record["values"]
+    assert record["summary"]["setups"]["builtin"]["step_time_ratio_sync_over_async"] == ratio > 0

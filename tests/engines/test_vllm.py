@@ -66,6 +66,21 @@ def test_command_has_eager_seed_and_lora_flags(tmp_path: Path) -> None:
     )
     plain = VllmServer(tmp_path)
     assert "--enable-lora" not in plain.command(Path("p"))
+    assert "taskset" not in plain.command(Path("p"))
+    bind = "VLLM_CPU_OMP_THREADS_BIND"
+    assert plain.environment().get(bind) == os.environ.get(bind)  # vLLM's own binding, or the user's
+
+
+def test_cpus_run_the_server_and_its_openmp_threads_on_those_cpus(tmp_path: Path) -> None:
+    server = VllmServer(tmp_path, cpus="0")
+    cmd = server.command(Path("/venv/bin/python"))
+    assert cmd[:4] == ["taskset", "--cpu-list", "0", "/venv/bin/python"]  # its children inherit the CPUs
+    assert server.environment()["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    for bad in ("1,", "a", "0 1", ""):
+        with pytest.raises(ConfigError, match="VllmServer.cpus must be a CPU list such as '1'"):
+            VllmServer(tmp_path, cpus=bad)
+    with pytest.raises(ConfigError, match="names CPU 4096; this machine has"):
+        VllmServer(tmp_path, cpus="0,4096")
 
 
 def test_find_vllm_python_checks_that_vllm_imports(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import agl
 from agl import semconv as sc
 from agl.algorithm.grpo import GRPO, GRPOConfig
 from agl.engines import BuiltinEngine, VllmEngine
-from agl.engines.launch import StateDict, save_model_folder, start_engines
+from agl.engines.launch import StateDict, _replica_options, save_model_folder, start_engines
 from agl.errors import ConfigError
 from tests.engines.test_vllm import require_vllm
 
@@ -35,6 +35,12 @@ def test_vllm_engine_config_is_checked() -> None:
         VllmEngine(max_model_len=0)
     with pytest.raises(ConfigError, match=r"cuda_devices needs one entry per replica \(2\)"):
         VllmEngine(replicas=2, cuda_devices=("0",))
+    with pytest.raises(ConfigError, match=r"cpu_cores needs one entry per replica \(2\)"):
+        VllmEngine(replicas=2, cpu_cores=("0",))
+    with pytest.raises(ConfigError, match=r"VllmEngine.cpu_cores\[0\] must be a CPU list"):
+        VllmEngine(cpu_cores=("core1",))
+    assert _replica_options(VllmEngine(cpu_cores=("0",)), Path("w"), 0)["cpus"] == "0"
+    assert "cpus" not in _replica_options(VllmEngine(), Path("w"), 0)
 
 
 def test_start_engines_rejects_bad_specs_before_starting_anything(tiny_path: Path, tmp_path: Path) -> None:
