@@ -99,6 +99,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if logs and "num_tokens" in logs:  # cumulative prompt + completion tokens, padding excluded
                 self.tokens.append(float(logs["num_tokens"]))
 
+    batch = args.prompts * args.group
+    micro = args.micro_batch or batch
+    if batch % micro or micro % args.group:
+        raise SystemExit(f"--micro-batch {micro} must divide a step's {batch} samples and hold whole groups")
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(args.model_path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(args.model_path, local_files_only=True, dtype=torch.float32)
@@ -108,9 +112,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         bf16=args.bf16,
         use_vllm=False,
         report_to="none",
-        per_device_train_batch_size=args.prompts * args.group,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
+        # a step's samples in micro-batches of --micro-batch (gradients accumulated), generated at once
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
+        steps_per_generation=batch // micro,
         num_generations=args.group,
         max_completion_length=args.max_tokens,
         temperature=args.temperature,
@@ -188,6 +193,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--micro-batch", type=int, default=0, help="samples per forward/backward (0: the whole step's)"
+    )
     parser.add_argument("--bf16", action="store_true", help="bf16=True: mixed precision (autocast) on CPU")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     parser.add_argument(

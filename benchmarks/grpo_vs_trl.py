@@ -15,6 +15,7 @@ rate and steps; each side a fresh process per round, rounds in alternating order
   (the same policy settings as ``fit``; the gap to ``fit`` is what the store, runners and gateway cost);
 - ``trl``: ``GRPOTrainer`` (``benchmarks/_trl_side.py``), ``use_cpu=True``, no vLLM, ``loss_type="dapo"`` (token
   mean, as agl's default), ``beta=0``, ``gradient_checkpointing=False`` unless ``--trl-gradient-checkpointing``,
+  the step's samples in one forward/backward unless ``--trl-micro-batch N`` (gradients accumulated over them),
   ``bf16`` as agl's ``--precision`` (fp32 by default, as agl's ``auto``; ``--trl-precision bf16`` runs TRL in
   bf16, its own default, as a variant: the result file's name says each side's precision).
 The first step of each round is warm-up and left out. Per side: medians over the other steps of ``step_s`` (the
@@ -424,6 +425,7 @@ def side_command(side: str, args: argparse.Namespace, path: Path, plan_file: Pat
             str(result.with_suffix(".out")),
         ]
         own += ["--gradient-checkpointing"] if args.trl_gradient_checkpointing else []
+        own += ["--micro-batch", str(args.trl_micro_batch)] if args.trl_micro_batch else []
         own += ["--bf16"] if trl_precision(args) == "bf16" else []
         if args.task == "tools":  # TRL's budget is the whole conversation's: every turn and tool result
             own += ["--tools", "--max-tool-calls", str(args.turns - 1)]
@@ -640,6 +642,12 @@ def main() -> None:
         "--trl-python", type=Path, default=TRL_PYTHON, help="an interpreter with trl, datasets"
     )
     parser.add_argument("--trl-gradient-checkpointing", action="store_true")
+    parser.add_argument(
+        "--trl-micro-batch",
+        type=int,
+        default=0,
+        help="TRL's samples per forward/backward, a multiple of --group (0: the whole step at once)",
+    )
     parser.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16"],

@@ -7,7 +7,8 @@ on both sides: agl's an ``@agl.rollout`` loop of openai-SDK calls through ``Trai
 tool-calling SFT warm start, made once by ``grpo_vs_trl.tool_model``), see the same tasks in the same order and
 use the same group size, tasks per step, completion budget (per call on agl's side; the whole conversation's on
 TRL's, as ``grpo_vs_trl.py`` sets it), learning rate and sampling temperature; agl skips groups whose rewards tie
-(nothing to learn), TRL trains them.
+(nothing to learn), TRL trains them. Each side keeps its memory bounded its own way: agl's token-sized
+micro-batches, TRL a group per forward/backward with the gradients accumulated over the step.
 
 Each side runs in its own process and saves its model every ``--eval-every`` steps; the saving is outside its
 clocks. After both sides finish, one evaluator scores every saved model, and the shared starting model, on the
@@ -73,6 +74,9 @@ def side_args(args: argparse.Namespace, seed: int) -> argparse.Namespace:
     bench = argparse.Namespace(**vars(args))
     bench.seed, bench.task, bench.pool_size = seed, "tools", args.steps * args.prompts
     bench.agent_client, bench.micro_batch_tokens, bench.trl_gradient_checkpointing = "shared", "auto", False
+    # TRL trains a group at a time (gradients accumulated over the step): its whole step at once, 16 five-turn
+    # conversations without checkpointing, held 19.5 GB on SmolLM2 and was killed on a 24 GB machine
+    bench.trl_micro_batch = args.group
     return bench
 
 
