@@ -58,7 +58,7 @@ def test_sync_and_async_rows_on_the_tiny_model(tmp_path: Path) -> None:
         timeout=280,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    (path,) = (tmp_path / "async_grpo").glob("*-tiny.json")
+    (path,) = (tmp_path / "async_grpo").glob("*-tiny-builtin.json")
     record = json.loads(path.read_text())
     sync, asynchronous = record["runs"]
     assert sync["mode"] == "sync" and asynchronous["mode"].startswith("async")

@@ -38,8 +38,19 @@ def test_compare_times_each_target_and_the_best_both_sides_reached() -> None:
     assert got["targets"]["0.500"]["cpu_s"]["fit_over_trl"] == pytest.approx(0.6)
     assert got["targets"]["0.950"]["train_s"] == {"fit": None, "trl": None, "fit_over_trl": None}
     assert got["targets"]["0.700 (best both)"]["train_s"]["fit_over_trl"] == pytest.approx(0.25)
+    assert "fit_over_trl_at_most" not in got["targets"]["0.500"]["train_s"]  # both reached it: the ratio
     flat = {s: _points((0, 0, 0.2), (10, 10, 0.2)) for s in curves}  # nothing learned: no "best both" row
     assert list(compare(flat, [0.5])["targets"]) == ["0.500"]
+
+
+def test_a_target_only_agl_reached_is_bounded_by_trls_whole_run() -> None:
+    curves = {
+        "fit": _points((0, 0, 0.0), (600, 1200, 0.56)),
+        "trl": _points((0, 0, 0.0), (1200, 2000, 0.0), (2400, 4500, 0.0)),
+    }
+    row = compare(curves, [0.5])["targets"]["0.500"]
+    assert row["train_s"] == {"fit": 600, "trl": None, "fit_over_trl": None, "fit_over_trl_at_most": 0.25}
+    assert row["cpu_s"]["fit_over_trl_at_most"] == pytest.approx(1200 / 4500)
 
 
 def test_a_finished_seed_is_reused_only_with_the_same_settings(tmp_path: Path) -> None:
@@ -72,7 +83,8 @@ def test_both_sides_save_on_schedule_and_one_evaluator_scores_them(tmp_path: Pat
     if not TRL_PYTHON.exists():
         pytest.skip("no .venv-trl: run `bash scripts/setup_trl.sh` (TRL's GRPOTrainer in its own venv)")
     small = ["--model", "tiny", "--steps", "2", "--eval-every", "1", "--test", "2", "--seeds", "0"]
-    small += ["--prompts", "1", "--group", "2", "--max-tokens", "8", "--warm-steps", "1"]
+    # two groups a step: TRL trains them one at a time, its gradients accumulated over the step
+    small += ["--prompts", "2", "--group", "2", "--max-tokens", "8", "--warm-steps", "1"]
     proc = subprocess.run(
         [sys.executable, "benchmarks/time_to_accuracy.py", *small, "--out", str(tmp_path / "runs")]
         + ["--results-dir", str(tmp_path / "results")],
