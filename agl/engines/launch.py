@@ -83,7 +83,7 @@ class VllmEngine:
                 f"VllmEngine.cpu_cores needs one entry per replica ({self.replicas}), got {self.cpu_cores}"
             )
         for i, cpus in enumerate(self.cpu_cores):
-            check_cpu_list(cpus, f"VllmEngine.cpu_cores[{i}]")
+            check_cpu_list(cpus, f"VllmEngine.cpu_cores[{i}]", here=False)  # a replica may run elsewhere
         if self.max_model_len < 16:
             raise ConfigError(f"VllmEngine.max_model_len must be >= 16, got {self.max_model_len}")
         if self.max_lora_rank is not None and self.max_lora_rank not in _VLLM_LORA_RANKS:

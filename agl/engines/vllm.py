@@ -61,13 +61,16 @@ def find_vllm_python(python: str | Path | None = None) -> Path | None:
 _CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
 
-def check_cpu_list(cpus: str, field: str) -> str:
-    """``cpus`` if it is a CPU list as taskset takes it ("1", "0-3", "2-3,6") naming CPUs this machine has;
-    else ConfigError naming ``field``."""
+def check_cpu_list(cpus: str, field: str, *, here: bool = True) -> str:
+    """``cpus`` if it is a CPU list as taskset takes it ("1", "0-3", "2-3,6"), and with ``here`` one naming CPUs
+    this machine has (a replica on another machine is checked where it starts); else ConfigError naming ``field``."""
     if not isinstance(cpus, str) or not _CPU_LIST.fullmatch(cpus):
         raise ConfigError(f"{field} must be a CPU list such as '1' or '2-3,6', got {cpus!r}")
-    ids = [int(i) for part in cpus.split(",") for i in part.split("-")]
-    if max(ids) >= (os.cpu_count() or 1):
+    ranges = [[int(i) for i in part.split("-")] for part in cpus.split(",")]
+    if any(bounds[0] > bounds[-1] for bounds in ranges):
+        raise ConfigError(f"{field}={cpus!r} has a range that runs backwards; write it low-high")
+    ids = [i for bounds in ranges for i in bounds]
+    if here and max(ids) >= (os.cpu_count() or 1):
         raise ConfigError(
             f"{field}={cpus!r} names CPU {max(ids)}; this machine has {os.cpu_count()} (0-based)"
         )

@@ -81,6 +81,8 @@ def test_cpus_run_the_server_and_its_openmp_threads_on_those_cpus(tmp_path: Path
             VllmServer(tmp_path, cpus=bad)
     with pytest.raises(ConfigError, match="names CPU 4096; this machine has"):
         VllmServer(tmp_path, cpus="0,4096")
+    with pytest.raises(ConfigError, match="'3-1' has a range that runs backwards"):
+        VllmServer(tmp_path, cpus="3-1")
 
 
 def test_find_vllm_python_checks_that_vllm_imports(tmp_path: Path) -> None:
