@@ -152,11 +152,26 @@ def time_to(points: list[dict[str, Any]], target: float, clock: str) -> float | 
     return next((p[clock] for p in points if p["accuracy"] is not None and p["accuracy"] >= target), None)
 
 
+def best_accuracy(points: list[dict[str, Any]]) -> float:
+    """The best held-out accuracy of one side's curve (an unscored point counts as 0)."""
+    return max(p["accuracy"] or 0.0 for p in points)
+
+
+def per_target(runs: list[dict[str, Any]], key: str) -> list[float]:
+    """Every run's and target's training-time ``key`` (``fit_over_trl``, ``fit_over_trl_at_most``) where set."""
+    return [
+        row["train_s"][key]
+        for run in runs
+        for row in run["targets"].values()
+        if row["train_s"].get(key) is not None
+    ]
+
+
 def compare(curves: dict[str, list[dict[str, Any]]], targets: list[float]) -> dict[str, Any]:
     """Per target (and the best score both sides reached, where it beats the start): each side's time to it and
     agl's over TRL's; where only agl reached it, ``fit_over_trl_at_most``: agl's time over TRL's whole run (TRL
     would have needed longer still, so the ratio is at most that)."""
-    best = min(max(p["accuracy"] or 0.0 for p in curves[s]) for s in SIDES)
+    best = min(best_accuracy(curves[s]) for s in SIDES)
     start = curves[SIDES[0]][0]["accuracy"] or 0.0
     out: dict[str, Any] = {"best_both": best, "targets": {}}
     for target in [*targets, *([best] if best > start else [])]:
@@ -313,7 +328,7 @@ def main() -> None:
         out = work / f"seed-{seed}"
         if args.reuse and (finished := reused_run(out / "run.json", settings)) is not None:
             print(f"seed {seed}: reusing the finished run in {out}", flush=True)
-            runs.append({**finished, **compare(finished["curves"], targets)})  # these targets
+            runs.append(finished)
             continue
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
@@ -336,29 +351,19 @@ def main() -> None:
         (out / "run.json").write_text(json.dumps({"settings": settings, "run": run}, indent=1))
         for key, row in run["targets"].items():
             print(f"seed {seed}: target {key}: {json.dumps(row)}", flush=True)
-    earlier = earlier_runs(args.earlier, settings, seeds)
-    runs = [{**run, **compare(run["curves"], targets)} for run in earlier] + runs
+    # reused and earlier runs were compared at their own report's targets: compare every run at this one's
+    runs = [
+        {**run, **compare(run["curves"], targets)}
+        for run in earlier_runs(args.earlier, settings, seeds) + runs
+    ]
     plot(runs, work / "time_to_accuracy.png")
     print(f"plot: {work / 'time_to_accuracy.png'}", flush=True)
-    ratios = [
-        row["train_s"]["fit_over_trl"]
-        for run in runs
-        for row in run["targets"].values()
-        if row["train_s"]["fit_over_trl"] is not None
-    ]
-    bounds = [
-        row["train_s"]["fit_over_trl_at_most"]
-        for run in runs
-        for row in run["targets"].values()
-        if "fit_over_trl_at_most" in row["train_s"]
-    ]
+    ratios, bounds = per_target(runs, "fit_over_trl"), per_target(runs, "fit_over_trl_at_most")
     summary = {
         "targets": targets,
         "seeds": sorted(run["seed"] for run in runs),
         "start_accuracy": runs[0]["curves"]["fit"][0]["accuracy"],
-        "best": {
-            side: [max(p["accuracy"] or 0.0 for p in run["curves"][side]) for run in runs] for side in SIDES
-        },
+        "best": {side: [best_accuracy(run["curves"][side]) for run in runs] for side in SIDES},
         "earlier": [str(path) for path in args.earlier],
     }
     if ratios:
