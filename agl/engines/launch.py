@@ -102,6 +102,7 @@ class BuiltinReplica(Protocol):
     def base_url(self) -> str: ...
     def update_weights(self, source: dict[str, Any]) -> str: ...
     def drop_prefix_cache(self) -> None: ...
+    def release_weights(self) -> None: ...
     def stop(self) -> None: ...
 
 
@@ -201,9 +202,9 @@ class ServedEngines:
         model version."""
         raise NotImplementedError
 
-    async def drop_caches(self) -> None:
-        """Free what the replicas cache under the current weights (a synchronous trainer's update is about
-        to replace them); engines that keep nothing in the trainer's memory do nothing."""
+    async def free_for_update(self) -> None:
+        """Free what a synchronous trainer's update is about to replace, so its peak can use the memory;
+        a ``sync`` must follow. Engines that keep nothing in the trainer's memory do nothing."""
 
     def stop(self) -> None:
         for replica in self.replicas:
@@ -237,8 +238,12 @@ class _BuiltinEngines(ServedEngines):
             del state
         return str(versions[0])
 
-    async def drop_caches(self) -> None:
-        await asyncio.gather(*(asyncio.to_thread(r.drop_prefix_cache) for r in self.replicas))
+    async def free_for_update(self) -> None:
+        """Cached prefixes and, where the next sync pushes full weights to every replica, the weights."""
+        if self.adapters:  # the first replica keeps serving the base: no sync replaces its weights
+            await asyncio.gather(*(asyncio.to_thread(r.drop_prefix_cache) for r in self.replicas))
+        else:
+            await asyncio.gather(*(asyncio.to_thread(r.release_weights) for r in self.replicas))
 
 
 class _VllmEngines(ServedEngines):

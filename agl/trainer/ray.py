@@ -356,6 +356,9 @@ class _BuiltinActor:
     def drop_prefix_cache(self) -> None:
         self.server.drop_prefix_cache()
 
+    def release_weights(self) -> None:
+        self.server.release_weights()
+
     def stop(self) -> None:
         self.server.stop()
 
@@ -414,6 +417,9 @@ class RemoteBuiltin(_Remote):
 
     def drop_prefix_cache(self) -> None:
         self.ray.get(self.actor.drop_prefix_cache.remote())
+
+    def release_weights(self) -> None:
+        self.ray.get(self.actor.release_weights.remote())
 
 
 class RemoteVllm(_Remote):

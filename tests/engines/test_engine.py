@@ -173,6 +173,41 @@ async def test_full_weight_update_drains_and_bumps_version(tiny_path: Path, tool
     assert (await engine.generate(ids, GREEDY)).choices[0].token_ids == before.choices[0].token_ids
 
 
+async def test_released_weights_hold_requests_until_a_full_update_fills_them(
+    tiny_path: Path, tmp_path: Path
+) -> None:
+    """What a synchronous trainer does around its update: the weights go, a request made meanwhile waits,
+    and the next full-weight push serves it; an adapter or bad weights never run on the freed storage."""
+    from transformers import AutoModelForCausalLM
+
+    engine = Engine(tiny_path)
+    ids = _chat(engine, "release test")
+    before = await engine.generate(ids, GREEDY)
+    await engine.release_weights()
+    assert sum(p.numel() for p in engine.model.parameters()) == 0
+    waiting = asyncio.ensure_future(engine.generate(ids, GREEDY))
+    scoring = asyncio.ensure_future(engine.prompt_logprobs(ids))
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and not scoring.done()
+
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="released for a full-weight update"):
+        await engine.update_weights(tmp_path / "adapter")
+    state = AutoModelForCausalLM.from_pretrained(tiny_path).state_dict()
+    with pytest.raises(ConfigError, match="missing keys"):
+        await engine.update_weights({k: v for k, v in state.items() if "norm" not in k})
+    with pytest.raises(ConfigError, match="released for a full-weight update"):
+        await engine.update_weights(tmp_path / "adapter")  # after a failed load too: no base to merge into
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and not scoring.done()  # the failed loads left no weights to run on
+
+    assert await engine.update_weights(state) == "v1"
+    after = await asyncio.wait_for(waiting, 60)
+    assert after.model_version == "v1" and after.choices[0].token_ids == before.choices[0].token_ids
+    assert len(await asyncio.wait_for(scoring, 60)) == len(ids) - 1
+
+
 async def test_lora_update_applies_to_base(tiny_path: Path, tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

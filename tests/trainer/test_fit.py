@@ -114,42 +114,52 @@ def test_ctrl_c_stops_fit_promptly(tmp_path: Path) -> None:
 
 
 class _CacheProbe(GRPO):
-    """GRPO that records the engine's cached prefixes before the pre-update drop and during the update."""
+    """GRPO that records the engine's cached prefixes before the pre-update release, and its cached
+    prefixes and weights during the update."""
 
     def __init__(self, config: GRPOConfig) -> None:
         super().__init__(config)
-        self.before_drop: list[int] = []
-        self.at_update: list[int] = []
+        self.before_release: list[int] = []
+        self.at_update: list[tuple[int, int]] = []
 
     async def run(self, ctx: Any, train: Any, val: Any) -> dict[str, Any]:
         engine = ctx.engines.replicas[0].engine
-        drop = ctx.engines.drop_caches
+        free = ctx.engines.free_for_update
 
-        async def recorded_drop() -> None:
-            self.before_drop.append(len(engine.prefix_cache))
-            await drop()
+        async def recorded_free() -> None:
+            self.before_release.append(len(engine.prefix_cache))
+            await free()
 
-        ctx.engines.drop_caches = recorded_drop
+        ctx.engines.free_for_update = recorded_free
         self._engine = engine
         result: dict[str, Any] = await super().run(ctx, train, val)
+        import torch
+
+        served = dict(engine.model.named_parameters())
+        self.served_is_trained = all(
+            torch.equal(served[name], param) for name, param in self.policy.model.named_parameters()
+        )
         return result
 
     def _update(self, batch: Any) -> dict[str, float]:
-        self.at_update.append(len(self._engine.prefix_cache))
+        weights = sum(p.numel() for p in self._engine.model.parameters())
+        self.at_update.append((len(self._engine.prefix_cache), weights))
         return super()._update(batch)
 
 
 @pytest.mark.timeout(240)
-def test_a_synchronous_update_runs_with_the_engines_prefix_cache_emptied(tmp_path: Path) -> None:
-    """The cached prefixes of a step's rollouts go stale with the update: freed before it, their memory
-    serves the update's peak instead of sitting beside it."""
+def test_a_synchronous_update_runs_with_the_engines_prefix_cache_and_weights_released(tmp_path: Path) -> None:
+    """The cached prefixes and the engine's copy of the weights go stale with the update: freed before it,
+    their memory serves the update's peak instead of sitting beside it; the push after the update gives
+    the engine the trained weights, which the next step's rollouts sample from."""
     config = GRPOConfig(
         model_path=str(tiny_model()), steps=2, tasks_per_step=2, group_size=3, lr=1e-3, eval_every=0
     )
     probe = _CacheProbe(config)
     tasks = [f"Write the digits of the number {n} twice, then once more backwards." for n in (17, 42, 93)]
-    agl.Trainer(algorithm=probe, n_runners=6, output_dir=str(tmp_path)).fit(digits_agent, tasks, [])
-    assert probe.at_update and all(n == 0 for n in probe.at_update), probe.at_update
-    assert len(probe.before_drop) == len(probe.at_update) and all(n > 0 for n in probe.before_drop), (
-        probe.before_drop
-    )
+    result = agl.Trainer(algorithm=probe, n_runners=6, output_dir=str(tmp_path)).fit(digits_agent, tasks, [])
+    assert [row["rollouts"] for row in result["history"]] == [6, 6]  # the second step's after a release
+    assert probe.at_update and all(n == (0, 0) for n in probe.at_update), probe.at_update
+    assert len(probe.before_release) == len(probe.at_update), probe.before_release
+    assert all(n > 0 for n in probe.before_release), probe.before_release
+    assert probe.served_is_trained  # the last push filled the released weights with the policy's

@@ -406,9 +406,9 @@ class GRPO(Algorithm):
                 row["gc_time_s"] = collect_step_garbage()  # before the update's peak
                 if batch.samples:
                     if not pipeline.depth and ctx.engines is not None:
-                        # nothing is generating, and the update makes the engine's cached prefixes stale:
-                        # freed now, their memory serves the update's own peak
-                        await ctx.engines.drop_caches()
+                        # nothing is generating, and the update makes the engine's cached prefixes and
+                        # weights stale: freed now, their memory serves the update's own peak
+                        await ctx.engines.free_for_update()
                     row.update(await run_compute(self._update, batch))
                     resources_id = await self._publish(ctx, self.policy)
                     versions.advance(self.version)

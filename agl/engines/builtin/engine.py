@@ -8,6 +8,7 @@ the model on a worker thread. Responses carry exact prompt/completion token ids,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from agl.compute.memory import release_free_memory
 from agl.compute.precision import resolve_precision
 from agl.compute.thread import run_compute
 from agl.engines.builtin.batch import RunningBatch, Sequence, cache_tokens, kv_bytes_per_token
@@ -181,6 +183,10 @@ class Engine:
         self._task: asyncio.Task[None] | None = None
         self._updating = False
         self._update_lock: asyncio.Lock | None = None
+        # set while the model has weights; cleared by release_weights until the next full-weight update
+        self._loaded = asyncio.Event()
+        self._loaded.set()
+        self._released: dict[str, tuple[torch.Size, torch.dtype]] | None = None
 
     def _kv_cache_tokens(self, kv_cache_gb: float | None, dtype: torch.dtype) -> int:
         from agl.compute.memory import ENGINE_SHARE, budget_bytes
@@ -429,9 +435,7 @@ class Engine:
 
         Runs on its own worker thread beside decoding; a weight update waits for it, and it for an update.
         """
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        async with self._update_lock:
+        async with self._weights_held():
             version = self.model_version
             vectors = await run_compute(self._embed, inputs)
         return vectors, version
@@ -443,9 +447,7 @@ class Engine:
     async def prompt_logprobs(self, ids: list[int], top: int = 0) -> list[PromptLogprob]:
         """Each prompt token after the first scored under the model: ``(logprob, rank, top)`` with the
         position's ``top`` likeliest ``(id, logprob)``. One forward pass beside decoding, like ``embed``."""
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        async with self._update_lock:
+        async with self._weights_held():
             return await run_compute(self._prompt_logprobs, ids, top)
 
     def _prompt_logprobs(self, ids: list[int], top: int) -> list[PromptLogprob]:
@@ -490,13 +492,59 @@ class Engine:
                 if self._task is not None and not self._task.done():
                     await asyncio.shield(self._task)
                 await run_compute(self._load, source, lora)
+                self._loaded.set()
                 self._versions += 1
                 self.model_version = version or f"v{self._versions}"
                 logger.info("engine weights updated to %s", self.model_version)
             finally:
-                self._updating = False
+                # after a release, a failed load leaves no usable weights: requests wait for one that works
+                self._updating = not self._loaded.is_set()
                 self._ensure_running()
         return self.model_version
+
+    @contextlib.asynccontextmanager
+    async def _weights_held(self) -> AsyncIterator[None]:
+        """The update lock, taken once the model has weights (after a release, the next update's)."""
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        while True:
+            await self._loaded.wait()
+            async with self._update_lock:
+                if self._loaded.is_set():
+                    yield
+                    return
+
+    async def release_weights(self) -> None:
+        """Free the model's weights until the next full-weight update, and hand free memory back to the OS.
+
+        A synchronous trainer in this process calls it before its policy update, whose new weights replace
+        these anyway: the update's peak then has the copy's memory (0.5 GB for a 135M model in fp32).
+        Requests that arrive meanwhile wait for the update; the prefix cache goes too.
+        """
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            if self._released is not None:
+                return
+            self._updating = True  # the scheduler admits nothing until update_weights loads weights
+            if self._task is not None and not self._task.done():
+                await asyncio.shield(self._task)
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
+            self._loaded.clear()
+            params = dict(self.model.named_parameters())  # a tied weight once
+            self._released = {name: (p.shape, p.dtype) for name, p in params.items()}
+            for p in params.values():
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        release_free_memory()
+
+    def _restore(self) -> None:
+        """Fresh (uninitialised) storage for released weights, for a load to fill."""
+        assert self._released is not None
+        for name, (shape, dtype) in self._released.items():
+            param = self.model.get_parameter(name)
+            param.data = torch.empty(shape, dtype=dtype, device=param.device)
+        self._released = None
 
     async def drop_prefix_cache(self) -> None:
         """Empty the prefix cache now: a synchronous trainer calls it before its update, whose new weights
@@ -507,6 +555,15 @@ class Engine:
     def _load(self, source: dict[str, torch.Tensor] | str | Path, lora: bool | None) -> None:
         if self.prefix_cache is not None:  # keys and values of the old weights
             self.prefix_cache.clear()
+        if not self._loaded.is_set():  # released (and perhaps a failed load since): no weights to keep
+            folder = Path(source) if not isinstance(source, dict) else None
+            if folder is not None and self._base_state is None and (lora or is_lora_dir(folder)):
+                raise ConfigError(
+                    "the engine's weights were released for a full-weight update; a LoRA adapter needs "
+                    "base weights: push a full state dict or a model folder"
+                )
+            if self._released is not None:
+                self._restore()
         with torch.no_grad():
             if isinstance(source, dict):
                 load_full(self.model, source)

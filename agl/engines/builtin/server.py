@@ -365,6 +365,12 @@ class EngineServer:
         if loop is not None:
             asyncio.run_coroutine_threadsafe(self.engine.drop_prefix_cache(), loop).result()
 
+    def release_weights(self) -> None:
+        """Blocking :meth:`Engine.release_weights` from any thread."""
+        loop = getattr(self.app.state, "loop", None)
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self.engine.release_weights(), loop).result()
+
     def __enter__(self) -> EngineServer:
         return self.start()
 
