@@ -149,17 +149,27 @@ class _CacheProbe(GRPO):
 
 @pytest.mark.timeout(240)
 def test_a_synchronous_update_runs_with_the_engines_prefix_cache_and_weights_released(tmp_path: Path) -> None:
-    """The cached prefixes and the engine's copy of the weights go stale with the update: freed before it,
-    their memory serves the update's peak instead of sitting beside it; the push after the update gives
-    the engine the trained weights, which the next step's rollouts sample from."""
+    """The cached prefixes and the engine's copy of the weights go stale with an update (the warm start's
+    and each step's): freed before it, their memory serves the update's peak instead of sitting beside it;
+    the push after the update gives the engine the trained weights, which the next step samples from."""
+    warm = agl.WarmStart(
+        [[{"role": "user", "content": "17"}, {"role": "assistant", "content": "1717"}]], steps=1
+    )
     config = GRPOConfig(
-        model_path=str(tiny_model()), steps=2, tasks_per_step=2, group_size=3, lr=1e-3, eval_every=0
+        model_path=str(tiny_model()),
+        steps=2,
+        tasks_per_step=2,
+        group_size=3,
+        lr=1e-3,
+        eval_every=0,
+        warm_start=warm,
     )
     probe = _CacheProbe(config)
     tasks = [f"Write the digits of the number {n} twice, then once more backwards." for n in (17, 42, 93)]
     result = agl.Trainer(algorithm=probe, n_runners=6, output_dir=str(tmp_path)).fit(digits_agent, tasks, [])
     assert [row["rollouts"] for row in result["history"]] == [6, 6]  # the second step's after a release
     assert probe.at_update and all(n == (0, 0) for n in probe.at_update), probe.at_update
-    assert len(probe.before_release) == len(probe.at_update), probe.before_release
-    assert all(n > 0 for n in probe.before_release), probe.before_release
+    # the warm start trains with the engine's weights released too; then each GRPO update
+    assert len(probe.before_release) == len(probe.at_update) + 1, probe.before_release
+    assert all(n > 0 for n in probe.before_release[1:]), probe.before_release
     assert probe.served_is_trained  # the last push filled the released weights with the policy's

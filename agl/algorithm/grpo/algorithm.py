@@ -37,7 +37,7 @@ from agl.algorithm.grpo.warm_start import WarmStart, train_warm_start
 from agl.algorithm.health import Failures, LearningCheck, check_not_all_failed
 from agl.algorithm.spec import AdapterSpec, ModelSpec
 from agl.algorithm.teacher import Teacher, teach
-from agl.compute.memory import step_peaks
+from agl.compute.memory import release_free_memory, step_peaks
 from agl.compute.thread import run_compute
 from agl.errors import ConfigError
 from agl.seeding import derive_seed, seed_everything
@@ -167,7 +167,10 @@ class GRPO(Algorithm):
                 ctx, warm, self.policy, train, val, phases, timeout_s=self.config.rollout_timeout_s
             )
         else:
+            if ctx.engines is not None:  # nothing generates while it trains, and its weights replace these
+                await ctx.engines.free_for_update()
             self.warm_start_history = await run_compute(train_warm_start, self.policy, warm)
+            release_free_memory()  # its optimizer state and activations, which GRPO's steps never reuse
         resources_id = await self._publish(ctx, self.policy)
         phases["after_warm_start"] = await self.evaluate(ctx, val, resources_id)
         self.phase_behaviour["after_warm_start"] = self.val_behaviour
