@@ -182,7 +182,8 @@ class Engine:
         self._pending: list[_Request] = []
         self._task: asyncio.Task[None] | None = None
         self._updating = False
-        self._update_lock: asyncio.Lock | None = None
+        # weight updates, releases and the one-pass requests (embed, prompt_logprobs) take turns
+        self._update_lock = asyncio.Lock()
         # set while the model has weights; cleared by release_weights until the next full-weight update
         self._loaded = asyncio.Event()
         self._loaded.set()
@@ -484,8 +485,6 @@ class Engine:
 
         Requests already decoding finish on the old weights first; queued ones run on the new weights.
         """
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
         async with self._update_lock:
             self._updating = True
             try:
@@ -505,8 +504,6 @@ class Engine:
     @contextlib.asynccontextmanager
     async def _weights_held(self) -> AsyncIterator[None]:
         """The update lock, taken once the model has weights (after a release, the next update's)."""
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
         while True:
             await self._loaded.wait()
             async with self._update_lock:
@@ -521,8 +518,6 @@ class Engine:
         these anyway: the update's peak then has the copy's memory (0.5 GB for a 135M model in fp32).
         Requests that arrive meanwhile wait for the update; the prefix cache goes too.
         """
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
         async with self._update_lock:
             if self._released is not None:
                 return
